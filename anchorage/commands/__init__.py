@@ -1,0 +1,1 @@
+"""Subcommands of the `anchorage` CLI, one module each (see anchorage.cli)."""

@@ -1,0 +1,63 @@
+"""Policy registry: names -> constructors. Offline policies get the replay's contexts."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+from anchorage.policies.base import EvictionPolicy, RequestContext
+
+_ONLINE: dict[str, Callable[..., EvictionPolicy]] = {}
+_OFFLINE: dict[str, Callable[..., EvictionPolicy]] = {}
+
+
+def register(name: str, *, offline: bool = False):
+    def deco(factory: Callable[..., EvictionPolicy]):
+        (_OFFLINE if offline else _ONLINE)[name] = factory
+        return factory
+    return deco
+
+
+def _load_builtins() -> None:
+    if _ONLINE:
+        return
+    from anchorage.policies import belady, lru
+
+    _ONLINE["lru"] = lambda block_size=16, **params: lru.LRUPolicy(**params)
+
+    def _belady(contexts: Sequence[RequestContext], block_size: int, **params: Any):
+        limits = [max(0, (c.input_length - 1) // block_size) for c in contexts]
+        return belady.BeladyPolicy([c.keys for c in contexts], limits)
+
+    _OFFLINE["belady"] = _belady
+    try:  # policies added by later modules register themselves on import
+        import anchorage.policies.extra  # noqa: F401
+    except ImportError:
+        pass
+
+
+def policy_names(include_offline: bool = True) -> list[str]:
+    _load_builtins()
+    names = list(_ONLINE)
+    if include_offline:
+        names += list(_OFFLINE)
+    return names
+
+
+def is_offline(name: str) -> bool:
+    _load_builtins()
+    return name in _OFFLINE
+
+
+def make_policy(name: str, *, block_size: int = 16,
+                contexts: Sequence[RequestContext] | None = None,
+                params: dict[str, Any] | None = None) -> EvictionPolicy:
+    """Build a policy by name. Offline policies (``belady``...) need ``contexts``."""
+    _load_builtins()
+    params = dict(params or {})
+    if name in _ONLINE:
+        return _ONLINE[name](block_size=block_size, **params)
+    if name in _OFFLINE:
+        if contexts is None:
+            raise ValueError(f"policy {name!r} reads the future: it needs the whole replay")
+        return _OFFLINE[name](contexts=contexts, block_size=block_size, **params)
+    raise ValueError(f"unknown policy {name!r}; known: {', '.join(policy_names())}")

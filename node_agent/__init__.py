@@ -1,0 +1,1 @@
+"""anchorage.node_agent"""

@@ -1,0 +1,1 @@
+"""anchorage.operator"""

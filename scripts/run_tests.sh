@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The test command (README's `make test` and CI run exactly this).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV="${ANCHORAGE_VENV:-$PWD/.venv}"
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+export VLLM_ENABLE_V1_MULTIPROCESSING=0
+export PYTHONHASHSEED=0
+exec "$VENV/bin/python" -m pytest "${@:-tests}"
