@@ -1,4 +1,10 @@
-"""Policy registry: names -> constructors. Offline policies get the replay's contexts."""
+"""Policy registry: names -> constructors. Offline policies get the replay's contexts.
+
+Every module in this package may define ``POLICIES = {name: factory}`` (online) and
+``OFFLINE_POLICIES = {name: factory}`` (reads the future; simulator only). Factories are
+called as ``factory(block_size=..., **params)``; offline ones also get ``contexts=``.
+Modules are discovered on first use, so adding a policy is adding one file.
+"""
 
 from __future__ import annotations
 
@@ -29,10 +35,17 @@ def _load_builtins() -> None:
         return belady.BeladyPolicy([c.keys for c in contexts], limits)
 
     _OFFLINE["belady"] = _belady
-    try:  # policies added by later modules register themselves on import
-        import anchorage.policies.extra  # noqa: F401
-    except ImportError:
-        pass
+    import importlib
+    import pkgutil
+
+    import anchorage.policies as pkg
+
+    for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
+        if info.name in ("base", "registry", "lru", "belady") or info.name.startswith("_"):
+            continue
+        mod = importlib.import_module(f"anchorage.policies.{info.name}")
+        _ONLINE.update(getattr(mod, "POLICIES", {}))
+        _OFFLINE.update(getattr(mod, "OFFLINE_POLICIES", {}))
 
 
 def policy_names(include_offline: bool = True) -> list[str]:
