@@ -28,11 +28,15 @@ import json
 import lzma
 import math
 import os
+import zlib
 from dataclasses import dataclass, field
 from typing import IO, Any, Iterable, Iterator
 
 FORMAT = "anchorage-trace/v1"
 DEFAULT_BLOCK_SIZE = 512  # Mooncake's block size: a header-less file is read as Mooncake
+
+# What a damaged file raises while being decompressed or decoded.
+_READ_ERRORS = (OSError, EOFError, lzma.LZMAError, zlib.error, UnicodeDecodeError)
 
 _KNOWN = {
     "timestamp", "hash_ids", "output_length", "input_length", "session_id", "agent",
@@ -113,10 +117,10 @@ def open_text(path: str | os.PathLike, mode: str = "r") -> IO[str]:
         with open(p, "rb") as fh:
             magic = fh.read(6)
         if magic.startswith(b"\xfd7zXZ\x00"):
-            return lzma.open(p, "rt", encoding="utf-8")
+            return lzma.open(p, "rt", encoding="utf-8-sig")
         if magic.startswith(b"\x1f\x8b"):
-            return gzip.open(p, "rt", encoding="utf-8")
-        return open(p, "r", encoding="utf-8")
+            return gzip.open(p, "rt", encoding="utf-8-sig")
+        return open(p, "r", encoding="utf-8-sig")
     if p.endswith(".xz"):
         return lzma.open(p, "wt", encoding="utf-8")
     if p.endswith(".gz"):
@@ -218,9 +222,17 @@ class TraceReader:
         try:
             self._fh = open_text(self.path)
             self._first = self._fh.readline()
-        except (OSError, EOFError, lzma.LZMAError, UnicodeDecodeError) as exc:
+        except _READ_ERRORS as exc:
             raise TraceError(self.path, None, f"cannot read: {exc}") from None
+        try:
+            self._read_header(block_size)
+        except BaseException:
+            self._fh.close()
+            raise
+
+    def _read_header(self, block_size: int | None) -> None:
         self._lineno = 1
+        self._consumed = False
         self.header = TraceHeader(block_size=block_size or DEFAULT_BLOCK_SIZE)
         self._pending: str | None = self._first
         stripped = self._first.strip()
@@ -248,9 +260,11 @@ class TraceReader:
             self.problems.append(str(err))
 
     def __iter__(self) -> Iterator[TraceRecord]:
+        if self._consumed:
+            raise TraceError(self.path, None, "reader already read (open a new TraceReader)")
+        self._consumed = True
         last_ts = -math.inf
         bs = self.header.block_size
-        lines: Iterable[str]
         try:
             while True:
                 if self._pending is not None:
@@ -282,7 +296,7 @@ class TraceReader:
                     continue
                 last_ts = max(last_ts, rec.timestamp)
                 yield rec
-        except (OSError, EOFError, lzma.LZMAError, UnicodeDecodeError) as exc:
+        except _READ_ERRORS as exc:
             raise TraceError(self.path, self._lineno, f"cannot read: {exc}") from None
         finally:
             self._fh.close()
