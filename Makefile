@@ -13,8 +13,10 @@ setup:
 setup-core:
 	@ANCHORAGE_SETUP_CORE_ONLY=1 bash scripts/setup.sh
 
+# Until the full stack (`anchorage up`) lands, the main job is the policy comparison on
+# generated multi-agent workloads.
 demo: setup-core
-	@$(VENV)/bin/anchorage demo
+	@$(VENV)/bin/anchorage bench --workloads generated:pipeline,generated:hierarchical,generated:random
 
 test: setup
 	@bash scripts/run_tests.sh

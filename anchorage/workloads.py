@@ -1,0 +1,76 @@
+"""Named workloads for benchmarks and the demo: generated topologies and the real traces.
+
+A spec is one of:
+- ``generated:<topology>[:<seed>]`` - `anchorage trace generate` with default sizes;
+- ``mooncake`` / ``mooncake-synthetic`` / ``chatdev`` / ``weka`` - the real traces under
+  the traces directory (default ``../shared/traces`` beside the checkout, or
+  ``$ANCHORAGE_TRACES``), converted on the fly;
+- a path to an ``anchorage-trace/v1`` file.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from anchorage.bench import Workload
+from anchorage.trace.format import read_trace
+
+REAL = ("mooncake", "mooncake-synthetic", "chatdev", "weka")
+
+
+class WorkloadUnavailable(LookupError):
+    """The workload's data is not on this machine (message says where it was looked for)."""
+
+
+def default_traces_dir() -> Path:
+    env = os.environ.get("ANCHORAGE_TRACES")
+    if env:
+        return Path(env)
+    here = Path(__file__).resolve().parents[1]
+    for cand in (here.parent / "shared" / "traces", Path.cwd().parent / "shared" / "traces"):
+        if cand.exists():
+            return cand
+    return here.parent / "shared" / "traces"
+
+
+def load(spec: str, traces_dir: Path | None = None, *, sessions: int | None = None) -> Workload:
+    traces_dir = traces_dir or default_traces_dir()
+    if spec.startswith("generated:"):
+        from anchorage.trace.generate import generate
+
+        parts = spec.split(":")
+        topology = parts[1]
+        seed = int(parts[2]) if len(parts) > 2 else 0
+        kwargs = {}
+        if sessions is not None:
+            kwargs["sessions"] = sessions
+        header, records = generate(topology=topology, seed=seed, **kwargs)
+        return Workload.from_records(spec, header, records, source="generated")
+    if spec in REAL:
+        return _load_real(spec, traces_dir)
+    p = Path(spec)
+    if not p.exists():
+        raise WorkloadUnavailable(f"unknown workload {spec!r}: not a generated:<topology>, "
+                                  f"one of {', '.join(REAL)}, or an existing trace file")
+    header, records = read_trace(p)
+    return Workload.from_records(p.name, header, records, source=str(p))
+
+
+def _need(path: Path) -> Path:
+    if not path.exists():
+        raise WorkloadUnavailable(f"{path} not found (real traces are read from "
+                                  f"../shared/traces or $ANCHORAGE_TRACES)")
+    return path
+
+
+def _load_real(name: str, traces_dir: Path) -> Workload:
+    if name in ("mooncake", "mooncake-synthetic"):
+        fname = "conversation_trace.jsonl.xz" if name == "mooncake" else "synthetic_trace.jsonl.xz"
+        path = _need(traces_dir / "mooncake" / fname)
+        header, records = read_trace(path)
+        return Workload.from_records(name, header, records, source=str(path))
+    from anchorage.trace import convert
+
+    header, records = convert.load_dataset(name, traces_dir)
+    return Workload.from_records(name, header, records, source=str(traces_dir / name))
