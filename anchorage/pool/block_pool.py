@@ -241,6 +241,11 @@ class BlockPool:
         """Cached free blocks in the policy's current eviction order (tests, reset)."""
         return list(self.policy.eviction_order())
 
+    def free_queue_order(self) -> list[int]:
+        """The whole free queue, head (next allocated) first, as vLLM's
+        ``FreeKVCacheBlockQueue.get_all_free_blocks`` lists it (tests; O(n))."""
+        return self._uncached_free[::-1] + self.policy_order_snapshot()
+
     # -- internals ------------------------------------------------------------------------
 
     def _touch(self, blocks: list[int], ctx: RequestContext) -> None:
