@@ -59,6 +59,7 @@ if [ ! -f "$SRC/.prepared" ]; then
       done < debian/patches/series
     fi
     # The vendored reflect2 segfaults under go 1.19 on the first custom-resource create.
+    rm -f vendor/github.com/modern-go/reflect2/*.go
     cp /usr/share/gocode/src/github.com/modern-go/reflect2/*.go vendor/github.com/modern-go/reflect2/
   )
   touch "$SRC/.prepared"
