@@ -5,6 +5,22 @@ block keys, session, tenant, tool metadata) and a view of each replica's state. 
 told when a request starts and finishes on a replica so it can keep its own model of
 what each replica caches. Implementations live one per module in this package and are
 pure: no Ray, no HTTP.
+
+Conventions every router follows:
+
+- ``pick(ctx, replicas)`` returns a *position* in ``replicas``; it never mutates
+  ``replicas``. Callers then call ``on_start(ctx, replicas[i].index)`` when the request is
+  sent there and ``on_finish(ctx, replica_index)`` when it completes. Per-replica state
+  is keyed by ``ReplicaView.index``, a stable identifier (the simulator uses positions;
+  the Ray app assigns a stable id to each upstream), so replicas may join, leave or be
+  ejected between calls.
+- ``on_kv_event(replica_index, event)`` feeds a replica's real KV cache events
+  (``BlockStored``, ``BlockRemoved``, ``AllBlocksCleared`` from ``anchorage.routing.events``);
+  routers that do not use them ignore them.
+- ``predicted_hit_blocks(ctx, replica_index)`` is the router's own estimate of how many
+  leading blocks of ``ctx`` are cached there (0 for routers without a cache model); the
+  Ray app exports it next to the observed ``cached_tokens``.
+- Raising ``NoReplicaError`` means no replica is eligible (none healthy).
 """
 
 from __future__ import annotations
@@ -15,9 +31,17 @@ from typing import Any, Sequence
 from anchorage.policies.base import RequestContext
 
 
+class NoReplicaError(RuntimeError):
+    """No healthy replica to route to."""
+
+
 @dataclass(slots=True)
 class ReplicaView:
-    """What a router may know about one replica at decision time."""
+    """What a router may know about one replica at decision time.
+
+    ``extra`` carries optional replica policy state, e.g. ``{"anchors": [agent ids the
+    replica's eviction policy protects or is prefetching]}`` (read by the ``agent``
+    router) or ``{"max_load": 32}`` (saturation bound)."""
 
     index: int
     name: str = ""
@@ -34,7 +58,7 @@ class ReplicaView:
 
 
 class Router:
-    """Base class. ``pick`` must return the index (position in ``replicas``) of a healthy
+    """Base class. ``pick`` must return the position in ``replicas`` of a healthy
     replica; the others are notifications with default no-ops."""
 
     name = "base"
@@ -47,6 +71,22 @@ class Router:
 
     def on_finish(self, ctx: RequestContext, replica: int) -> None:
         pass
+
+    def on_kv_event(self, replica: int, event: Any) -> None:
+        pass
+
+    def on_replica_removed(self, replica: int) -> None:
+        """The replica left the fleet (scaled in, or its cache was lost): forget it."""
+
+    def predicted_hit_blocks(self, ctx: RequestContext, replica: int) -> int:
+        return 0
+
+
+def healthy_positions(replicas: Sequence[ReplicaView]) -> list[int]:
+    out = [i for i, r in enumerate(replicas) if r.healthy]
+    if not out:
+        raise NoReplicaError("no healthy replica")
+    return out
 
 
 class RoundRobinRouter(Router):
@@ -64,4 +104,4 @@ class RoundRobinRouter(Router):
             self._next += 1
             if replicas[i].healthy:
                 return i
-        raise RuntimeError("no healthy replica")
+        raise NoReplicaError("no healthy replica")

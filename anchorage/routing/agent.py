@@ -1,0 +1,221 @@
+"""``agent``: place each agent's anchor on a few replicas sized by its load; sessions stick.
+
+Anchors (system prompt, tools, skills) are reused by every session of an agent. Scattering
+them over every replica (round robin, load balancing) makes each replica's cache hold
+every anchor, cold; ``prefix`` routing concentrates them but by accident of history. This
+policy decides the placement explicitly.
+
+Spec, per request ``q`` at time ``t`` over the healthy replicas ``H`` (``n = |H|``):
+
+- Agent ``a(q)``: the client's hint scoped by tenant, else the chained key of the
+  request's first ``anchor_blocks`` blocks (``keys.agent_id``).
+- Load: ``L_a`` = requests of ``a``, exponentially decayed with half-life ``half_life_s``;
+  ``L`` = the same over all agents. Target spread ``k_a = clamp(ceil(spread * n * L_a / L),
+  1, n)``: an agent with a share ``s`` of traffic gets about ``s * n`` replicas. While
+  ``L < warmup_per_replica * n`` shares are noise and ``k_a = 1`` (load spills still grow).
+- Placement ``P_a`` (ordered set of replicas holding ``a``'s anchor). When
+  ``|P_a| < k_a`` it grows by the replica that (1) already reports ``a``'s anchor in its
+  policy state (``ReplicaView.extra["anchors"]``, labels from ``agent_label``) or holds it
+  in the router's prefix model, then (2) has the least committed load
+  ``C_r = sum_{b: r in P_b} L_b / |P_b|``, then (3) the least current load. When
+  ``|P_a| > k_a + 1`` (hysteresis) the newest member is dropped. Each replica so holds
+  about ``spread * (#anchors) / n`` anchors, weighted by heat.
+- Overload: ``load_r > spill_ratio * mean(load) + spill_abs`` or
+  ``kv_usage_r >= kv_spill``.
+- Decision: (1) a known session goes to its replica (the one holding its history) unless
+  that replica is gone or overloaded; (2) otherwise, to the member of ``P_a`` that is not
+  overloaded with the longest prefix match in the router's model (the session's history
+  when it moved), then least load; (3) if every member is overloaded, spill: add the
+  least loaded non-member to ``P_a`` (re-place the anchor there) and route there; if
+  ``P_a = H``, the least loaded replica. The session is (re)bound to the choice.
+
+Parameters: ``anchor_blocks`` (4), ``half_life_s`` (60), ``spread`` (1.0),
+``warmup_per_replica`` (8), ``spill_ratio`` (1.5), ``spill_abs`` (4), ``kv_spill`` (0.98), ``max_sessions``
+(200_000, LRU), ``capacity_blocks`` (prefix model per replica when the view has none,
+100_000), ``min_agent_load`` (1e-3: placements of agents decayed below it are forgotten).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict, defaultdict
+from typing import Hashable, Sequence
+
+from anchorage.policies.base import RequestContext
+from anchorage.routing.base import ReplicaView, Router, healthy_positions
+from anchorage.routing.keys import agent_id
+from anchorage.routing.load import load_score, overloaded
+from anchorage.routing.prefix_index import PrefixIndex
+
+
+def agent_label(a: Hashable) -> str:
+    """The string a replica uses for agent ``a`` in ``extra["anchors"]``."""
+    kind = a[0]
+    if kind == "hint":
+        return f"{a[1]}/{a[2]}" if a[1] is not None else str(a[2])
+    if kind == "fp":
+        k = a[1]
+        return f"fp:{k:016x}" if isinstance(k, int) and k >= 0 else f"fp:{k}"
+    return "empty"
+
+
+class _Decayed:
+    __slots__ = ("value", "t")
+
+    def __init__(self) -> None:
+        self.value = 0.0
+        self.t = 0.0
+
+    def at(self, now: float, half_life: float) -> float:
+        if now > self.t:
+            self.value *= 2.0 ** (-(now - self.t) / half_life)
+            self.t = now
+        return self.value
+
+
+class AgentRouter(Router):
+    name = "agent"
+
+    def __init__(self, anchor_blocks: int = 4, half_life_s: float = 60.0, spread: float = 1.0,
+                 spill_ratio: float = 1.5, spill_abs: float = 4.0, kv_spill: float = 0.98,
+                 max_sessions: int = 200_000, capacity_blocks: int = 100_000,
+                 min_agent_load: float = 1e-3, warmup_per_replica: float = 8.0) -> None:
+        if anchor_blocks < 1 or half_life_s <= 0 or spread <= 0:
+            raise ValueError("anchor_blocks >= 1, half_life_s > 0 and spread > 0 required")
+        self.anchor_blocks = anchor_blocks
+        self.half_life_s = half_life_s
+        self.spread = spread
+        self.spill_ratio = spill_ratio
+        self.spill_abs = spill_abs
+        self.kv_spill = kv_spill
+        self.max_sessions = max_sessions
+        self.min_agent_load = min_agent_load
+        self.warmup_per_replica = warmup_per_replica
+        self._capacity = capacity_blocks
+        self._load: dict[Hashable, _Decayed] = {}
+        self._total = _Decayed()
+        self.placement: dict[Hashable, list[int]] = {}
+        self.sessions: OrderedDict[Hashable, int] = OrderedDict()
+        self.index = PrefixIndex(capacity_blocks)
+        self.spills = 0
+
+    # -- load bookkeeping -------------------------------------------------------------
+    def _record(self, a: Hashable, now: float) -> float:
+        d = self._load.get(a)
+        if d is None:
+            d = self._load[a] = _Decayed()
+            d.t = now
+        d.at(now, self.half_life_s)
+        d.value += 1.0
+        self._total.at(now, self.half_life_s)
+        self._total.value += 1.0
+        return d.value
+
+    def _target(self, a_load: float, now: float, n: int) -> int:
+        total = max(self._total.at(now, self.half_life_s), 1e-12)
+        if total < self.warmup_per_replica * n:
+            return 1
+        return max(1, min(n, math.ceil(self.spread * n * a_load / total - 1e-9)))
+
+    def _commitment(self, now: float) -> dict[int, float]:
+        c: dict[int, float] = defaultdict(float)
+        stale = []
+        for a, members in self.placement.items():
+            la = self._load[a].at(now, self.half_life_s)
+            if la < self.min_agent_load:
+                stale.append(a)
+                continue
+            if members:
+                share = la / len(members)
+                for r in members:
+                    c[r] += share
+        for a in stale:
+            del self.placement[a]
+            del self._load[a]
+        return c
+
+    # -- decision ---------------------------------------------------------------------
+    def pick(self, ctx: RequestContext, replicas: Sequence[ReplicaView]) -> int:
+        pos = healthy_positions(replicas)
+        at = {replicas[p].index: p for p in pos}
+        for r in replicas:
+            self.index.set_capacity(r.index, r.capacity_blocks or self._capacity)
+        mean = sum(replicas[p].load for p in pos) / len(pos)
+
+        def over(p: int) -> bool:
+            r = replicas[p]
+            return (overloaded(r.load, mean, self.spill_ratio, self.spill_abs)
+                    or r.kv_usage >= self.kv_spill)
+
+        now = ctx.now_s
+        a = agent_id(ctx, self.anchor_blocks)
+        a_load = self._record(a, now)
+        skey = (ctx.tenant, ctx.session_id) if ctx.session_id is not None else None
+
+        if skey is not None:
+            r = self.sessions.get(skey)
+            p = at.get(r) if r is not None else None
+            if p is not None and not over(p):
+                self.sessions.move_to_end(skey)
+                return p
+
+        members = [r for r in self.placement.get(a, ()) if r in at]
+        target = self._target(a_load, now, len(pos))
+        if len(members) < target:
+            self._grow(a, ctx, members, target, replicas, pos, at, now)
+        elif len(members) > target + 1:
+            del members[target + 1:]
+        self.placement[a] = members
+
+        ok = [at[r] for r in members if not over(at[r])]
+        if ok:
+            keys = ctx.keys
+            choice = min(ok, key=lambda p: (-self.index.match_len(replicas[p].index, keys),
+                                            load_score(replicas[p])))
+        else:
+            outside = [p for p in pos if replicas[p].index not in members]
+            choice = min(outside or pos, key=lambda p: load_score(replicas[p]))
+            if outside:
+                members.append(replicas[choice].index)
+                self.spills += 1
+        if skey is not None:
+            self.sessions[skey] = replicas[choice].index
+            self.sessions.move_to_end(skey)
+            if len(self.sessions) > self.max_sessions:
+                self.sessions.popitem(last=False)
+        return choice
+
+    def _grow(self, a: Hashable, ctx: RequestContext, members: list[int], target: int,
+              replicas: Sequence[ReplicaView], pos: list[int], at: dict[int, int],
+              now: float) -> None:
+        label = agent_label(a)
+        anchor = list(ctx.keys[: self.anchor_blocks])
+        commit = self._commitment(now)
+        while len(members) < target:
+            cands = [p for p in pos if replicas[p].index not in members]
+            if not cands:
+                return
+
+            def rank(p: int) -> tuple:
+                r = replicas[p]
+                holds = (label in r.extra.get("anchors", ())
+                         or (anchor and self.index.match_len(r.index, anchor) == len(anchor)))
+                return (not holds, round(commit.get(r.index, 0.0), 6), load_score(r))
+            best = min(cands, key=rank)
+            members.append(replicas[best].index)
+
+    # -- notifications ----------------------------------------------------------------
+    def on_start(self, ctx: RequestContext, replica: int) -> None:
+        self.index.insert(replica, ctx.keys)
+
+    def on_replica_removed(self, replica: int) -> None:
+        self.index.clear(replica)
+        for members in self.placement.values():
+            if replica in members:
+                members.remove(replica)
+
+    def predicted_hit_blocks(self, ctx: RequestContext, replica: int) -> int:
+        return self.index.match_len(replica, ctx.keys)
+
+
+ROUTERS = {"agent": lambda **params: AgentRouter(**params)}

@@ -1,0 +1,110 @@
+"""An approximate per-replica index of cached block keys.
+
+State: ``holders[key]`` = replicas believed to cache ``key``; per replica, its keys in
+LRU order, bounded by that replica's capacity (``None``: unbounded, for the precise index
+fed by real KV events, whose own ``BlockRemoved`` events do the evicting).
+
+- ``insert(r, keys)`` records that ``r`` now caches ``keys`` (a request ran there). Keys
+  are touched tail first, so a chain's head (the shared anchor) is the most recent and
+  is evicted last, as in vLLM where a freed request's tail blocks go first.
+- ``match_len(r, keys)``: the number of leading keys of ``keys`` held by ``r``. Keys are
+  chained (a key implies its prefix), so the held set is prefix-closed and a binary
+  search finds the boundary in O(log n) lookups.
+- ``match(keys)``: ``{r: match_len}`` for every replica holding ``keys[0]``; others match 0.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Hashable, Iterable, Sequence
+
+
+class PrefixIndex:
+    def __init__(self, default_capacity_blocks: int | None = None) -> None:
+        self.default_capacity = default_capacity_blocks
+        self._holders: dict[Hashable, set[int]] = {}
+        self._lru: dict[int, OrderedDict] = {}
+        self._cap: dict[int, int | None] = {}
+
+    def set_capacity(self, replica: int, blocks: int | None) -> None:
+        if self._cap.get(replica, self.default_capacity) != blocks:
+            self._cap[replica] = blocks
+            self._evict(replica)
+
+    def _od(self, replica: int) -> OrderedDict:
+        od = self._lru.get(replica)
+        if od is None:
+            od = self._lru[replica] = OrderedDict()
+        return od
+
+    def insert(self, replica: int, keys: Sequence[Hashable]) -> None:
+        od = self._od(replica)
+        holders = self._holders
+        for k in reversed(keys):
+            if k in od:
+                od.move_to_end(k)
+            else:
+                od[k] = None
+                h = holders.get(k)
+                if h is None:
+                    holders[k] = {replica}
+                else:
+                    h.add(replica)
+        self._evict(replica)
+
+    def _evict(self, replica: int) -> None:
+        cap = self._cap.get(replica, self.default_capacity)
+        od = self._lru.get(replica)
+        if cap is None or od is None:
+            return
+        while len(od) > cap:
+            k, _ = od.popitem(last=False)
+            self._drop_holder(k, replica)
+
+    def _drop_holder(self, k: Hashable, replica: int) -> None:
+        h = self._holders.get(k)
+        if h is not None:
+            h.discard(replica)
+            if not h:
+                del self._holders[k]
+
+    def remove(self, replica: int, keys: Iterable[Hashable]) -> None:
+        od = self._lru.get(replica)
+        if od is None:
+            return
+        for k in keys:
+            if od.pop(k, 0) is None:
+                self._drop_holder(k, replica)
+
+    def clear(self, replica: int) -> None:
+        od = self._lru.pop(replica, None)
+        for k in od or ():
+            self._drop_holder(k, replica)
+
+    def match_len(self, replica: int, keys: Sequence[Hashable]) -> int:
+        od = self._lru.get(replica)
+        if not od or not keys or keys[0] not in od:
+            return 0
+        lo, hi = 1, len(keys)  # invariant: keys[lo-1] held; answer in [lo, hi]
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if keys[mid - 1] in od:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def match(self, keys: Sequence[Hashable]) -> dict[int, int]:
+        if not keys:
+            return {}
+        h = self._holders.get(keys[0])
+        if not h:
+            return {}
+        return {r: self.match_len(r, keys) for r in h}
+
+    def size(self, replica: int) -> int:
+        od = self._lru.get(replica)
+        return len(od) if od else 0
+
+    def replicas(self) -> list[int]:
+        return list(self._lru)

@@ -1,0 +1,82 @@
+from collections import Counter
+
+from anchorage.routing import make_router
+from anchorage.routing.agent import agent_label
+from anchorage.routing.keys import agent_id
+from tests.routing.helpers import ctx, route, views
+
+
+def anchor(agent):
+    return [agent * 1000 + i for i in range(4)]
+
+
+def req(agent, session, turn, now=0.0, **kw):
+    return ctx(anchor(agent) + [hash((session, t)) for t in range(turn + 1)],
+               session=session, now=now, **kw)
+
+
+def test_sessions_stick_and_new_sessions_follow_their_agents_anchor():
+    r = make_router("agent")
+    reps = views(8)
+    for a in range(8):                      # eight equally loaded agents: one replica each
+        route(r, req(a, f"warm{a}", 0), reps)
+    homes = {a: set(r.placement[agent_id(req(a, "x", 0))]) for a in range(8)}
+    assert all(len(h) == 1 for h in homes.values())
+    assert len(set.union(*homes.values())) == 8   # anchors spread, one per replica
+    for a in range(8):
+        for s in range(3):
+            for t in range(3):
+                p = route(r, req(a, f"{a}-{s}", t), reps)
+                assert {p} == homes[a]
+
+
+def test_hot_agent_gets_more_replicas_cold_ones_share():
+    r = make_router("agent")
+    reps = views(4)
+    for i in range(200):
+        a = 0 if i % 2 == 0 else 1 + (i // 2) % 6    # agent 0: half the traffic
+        route(r, req(a, f"s{i}", 0, now=i * 0.01), reps)
+    sizes = {a: len(r.placement[agent_id(req(a, "x", 0))]) for a in range(7)}
+    assert sizes[0] >= 2 and all(sizes[a] == 1 for a in range(1, 7))
+
+
+def test_overloaded_home_spills_and_the_session_moves_with_its_history():
+    r = make_router("agent", spill_ratio=1.5, spill_abs=2)
+    p0 = route(r, req(1, "s", 0), views(3))
+    loads = [0, 0, 0]
+    loads[p0] = 20
+    p1 = route(r, req(1, "s", 1), views(3, loads=loads))
+    assert p1 != p0 and r.spills == 1
+    assert p1 in r.placement[agent_id(req(1, "s", 0))]
+    assert route(r, req(1, "s", 2), views(3)) == p1   # now sticks to where its history is
+
+
+def test_replica_policy_state_attracts_the_anchor():
+    c = req(5, "s", 0)
+    label = agent_label(agent_id(c))
+    extra = [{}, {}, {"anchors": [label]}, {}]
+    r = make_router("agent")
+    assert r.pick(c, views(4, extra=extra)) == 2
+    hinted = ctx([1, 2], agent="coder", tenant="acme")
+    assert agent_label(agent_id(hinted)) == "acme/coder"
+
+
+def test_removed_replica_sessions_and_anchors_are_replaced():
+    r = make_router("agent")
+    reps = views(3)
+    p = route(r, req(2, "s", 0), reps)
+    r.on_replica_removed(reps[p].index)
+    rest = [v for v in reps if v.index != p]
+    q = route(r, req(2, "s", 1), rest)
+    assert rest[q].index != p
+    assert r.placement[agent_id(req(2, "s", 0))] == [rest[q].index]
+
+
+def test_agent_state_is_bounded():
+    r = make_router("agent", max_sessions=50, half_life_s=1.0)
+    reps = views(4)
+    for i in range(500):
+        route(r, req(i, f"s{i}", 0, now=float(i)), reps)
+    assert len(r.sessions) == 50
+    assert len(r.placement) < 60            # decayed agents are forgotten
+    assert Counter(len(m) for m in r.placement.values())[1] == len(r.placement)
