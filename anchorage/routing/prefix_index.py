@@ -1,6 +1,7 @@
 """An approximate per-replica index of cached block keys.
 
-State: ``holders[key]`` = replicas believed to cache ``key``; per replica, its keys in
+State: ``holders[key]`` = bitmask of the replicas believed to cache ``key`` (an int: no
+per-key container objects for the garbage collector to walk); per replica, its keys in
 LRU order, bounded by that replica's capacity (``None``: unbounded, for the precise index
 fed by real KV events, whose own ``BlockRemoved`` events do the evicting).
 
@@ -22,7 +23,7 @@ from typing import Hashable, Iterable, Sequence
 class PrefixIndex:
     def __init__(self, default_capacity_blocks: int | None = None) -> None:
         self.default_capacity = default_capacity_blocks
-        self._holders: dict[Hashable, set[int]] = {}
+        self._holders: dict[Hashable, int] = {}
         self._lru: dict[int, OrderedDict] = {}
         self._cap: dict[int, int | None] = {}
 
@@ -40,16 +41,14 @@ class PrefixIndex:
     def insert(self, replica: int, keys: Sequence[Hashable]) -> None:
         od = self._od(replica)
         holders = self._holders
+        bit = 1 << replica
+        touch = od.move_to_end
         for k in reversed(keys):
             if k in od:
-                od.move_to_end(k)
+                touch(k)
             else:
                 od[k] = None
-                h = holders.get(k)
-                if h is None:
-                    holders[k] = {replica}
-                else:
-                    h.add(replica)
+                holders[k] = holders.get(k, 0) | bit
         self._evict(replica)
 
     def _evict(self, replica: int) -> None:
@@ -62,11 +61,11 @@ class PrefixIndex:
             self._drop_holder(k, replica)
 
     def _drop_holder(self, k: Hashable, replica: int) -> None:
-        h = self._holders.get(k)
-        if h is not None:
-            h.discard(replica)
-            if not h:
-                del self._holders[k]
+        h = self._holders.get(k, 0) & ~(1 << replica)
+        if h:
+            self._holders[k] = h
+        else:
+            self._holders.pop(k, None)
 
     def remove(self, replica: int, keys: Iterable[Hashable]) -> None:
         od = self._lru.get(replica)
@@ -97,10 +96,14 @@ class PrefixIndex:
     def match(self, keys: Sequence[Hashable]) -> dict[int, int]:
         if not keys:
             return {}
-        h = self._holders.get(keys[0])
-        if not h:
-            return {}
-        return {r: self.match_len(r, keys) for r in h}
+        h = self._holders.get(keys[0], 0)
+        out = {}
+        while h:
+            low = h & -h
+            r = low.bit_length() - 1
+            out[r] = self.match_len(r, keys)
+            h ^= low
+        return out
 
     def size(self, replica: int) -> int:
         od = self._lru.get(replica)

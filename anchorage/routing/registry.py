@@ -14,7 +14,7 @@ from typing import Any, Callable
 from anchorage.routing.base import Router
 
 _ROUTERS: dict[str, Callable[..., Router]] = {}
-_NOT_ROUTERS = {"base", "registry", "events", "keys", "load", "prefix_index"}
+_NOT_ROUTERS = {"base", "registry", "events", "keys", "load", "prefix_index", "metadata"}
 
 
 def _load() -> None:

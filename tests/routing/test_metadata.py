@@ -1,0 +1,45 @@
+import json
+
+import pytest
+
+from anchorage.routing.metadata import MetadataError, from_extra_args, parse_request, to_vllm_body
+
+
+@pytest.mark.parametrize("body", [
+    {"anchorage": {"agent": "planner", "tool_name": "search", "tool_args": {"q": 1}}},
+    {"vllm_xargs": {"anchorage": {"agent": "planner", "tool_name": "search", "tool_args": {"q": 1}}}},
+    {"vllm_xargs": {"anchorage.agent": "planner", "anchorage.tool_name": "search",
+                    "anchorage.tool_args": '{"q": 1}'}},
+])
+def test_three_spellings_give_one_canonical_flat_form(body):
+    meta = parse_request(body, {"x-session-id": "s1"})
+    meta.tenant = "t-1"
+    out = to_vllm_body({"prompt": [1, 2], **body}, meta, cache_salt="salt-1")
+    assert "anchorage" not in out
+    x = out["vllm_xargs"]
+    assert all(not isinstance(v, dict) for v in x.values())      # vLLM 0.32 rejects nesting
+    assert x == {"anchorage.agent": "planner", "anchorage.tool_name": "search",
+                 "anchorage.tool_args": json.dumps({"q": 1}), "anchorage.tenant": "t-1"}
+    assert out["session_id"] == "s1" and out["cache_salt"] == "salt-1"
+    back = from_extra_args(x, "s1")
+    assert (back.agent, back.tool_name, back.tool_args, back.tenant) == ("planner", "search", {"q": 1}, "t-1")
+
+
+def test_header_wins_over_body_session_and_client_salt_is_replaced():
+    meta = parse_request({"session_id": "body"}, {"x-session-id": "hdr"})
+    assert meta.session_id == "hdr"
+    assert parse_request({"session_id": 7}, {}).session_id == "7"
+    out = to_vllm_body({"prompt": "x", "cache_salt": "mine", "vllm_xargs": {"other": 2}},
+                       parse_request({}, {}), cache_salt=None)
+    assert "cache_salt" not in out and out["vllm_xargs"] == {"other": 2}
+
+
+@pytest.mark.parametrize("body, msg", [
+    ({"anchorage": {"agnet": "x"}}, "unknown anchorage metadata field.*agnet"),
+    ({"anchorage": {"agent": 3}}, "anchorage.agent must be a string"),
+    ({"anchorage": "planner"}, "must be an object"),
+    ({"vllm_xargs": [1]}, "vllm_xargs must be an object"),
+])
+def test_bad_metadata_is_a_clear_error(body, msg):
+    with pytest.raises(MetadataError, match=msg):
+        parse_request(body, {})
