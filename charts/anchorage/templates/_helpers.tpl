@@ -1,0 +1,123 @@
+{{/* Chart name, truncated to a DNS label. */}}
+{{- define "anchorage.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Prefix of every resource name: <release>-<chart>, or the release alone when it already
+contains the chart name. Kept to 40 characters so suffixes stay within 63. */}}
+{{- define "anchorage.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "anchorage.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Selector labels of a component: call with (dict "ctx" $ "component" "operator"). */}}
+{{- define "anchorage.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "anchorage.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* All labels of a component's objects. */}}
+{{- define "anchorage.labels" -}}
+{{ include "anchorage.selectorLabels" . }}
+helm.sh/chart: {{ include "anchorage.chart" .ctx }}
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+app.kubernetes.io/part-of: anchorage
+{{- with .ctx.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Selector labels of one model's pods: (dict "ctx" $ "model" $m). */}}
+{{- define "anchorage.modelSelectorLabels" -}}
+{{ include "anchorage.selectorLabels" (dict "ctx" .ctx "component" "model") }}
+anchorage.dev/model: {{ .model.name }}
+{{- end -}}
+
+{{- define "anchorage.modelLabels" -}}
+{{ include "anchorage.labels" (dict "ctx" .ctx "component" "model") }}
+anchorage.dev/model: {{ .model.name }}
+{{- end -}}
+
+{{- define "anchorage.modelFullname" -}}
+{{- printf "%s-%s" (include "anchorage.fullname" .ctx) .model.name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "anchorage.servedModelName" -}}
+{{- default .name .servedModelName -}}
+{{- end -}}
+
+{{/* The ConfigMap the operator writes for one AgentCachePolicy (named after it). */}}
+{{- define "anchorage.policyConfigMap" -}}
+{{- printf "%s-anchorage" (include "anchorage.modelFullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "anchorage.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{- define "anchorage.serviceAccountName" -}}
+{{- printf "%s-%s" (include "anchorage.fullname" .ctx) .component -}}
+{{- end -}}
+
+{{/* PodDisruptionBudget API: policy/v1 where served (1.21+), else policy/v1beta1. */}}
+{{- define "anchorage.pdbApiVersion" -}}
+{{- if .Capabilities.APIVersions.Has "policy/v1/PodDisruptionBudget" -}}
+policy/v1
+{{- else -}}
+policy/v1beta1
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when the Prometheus Operator objects of a setting (auto|true|false) render. */}}
+{{- define "anchorage.monitoringOn" -}}
+{{- $mode := toString .mode -}}
+{{- if eq $mode "true" -}}true
+{{- else if and (eq $mode "auto") (.ctx.Capabilities.APIVersions.Has (printf "monitoring.coreos.com/v1/%s" .kind)) -}}true
+{{- end -}}
+{{- end -}}
+
+{{/* The operator watches all namespaces unless watchNamespaces lists some. */}}
+{{- define "anchorage.operatorClusterwide" -}}
+{{- if not .Values.operator.watchNamespaces -}}true{{- end -}}
+{{- end -}}
+
+{{/* Key of the operator's ConfigMap holding the node agents' configuration. */}}
+{{- define "anchorage.policyConfigKey" -}}config.yaml{{- end -}}
+
+{{/* Only what the operator does: handle AgentCachePolicies (kopf patches finalizers,
+progress annotations and status), write the versioned ConfigMap, post Events, read and
+scale the target Deployment/StatefulSet through its scale subresource, and kopf peering. */}}
+{{- define "anchorage.operatorNamespacedRules" -}}
+- apiGroups: [anchorage.dev]
+  resources: [agentcachepolicies]
+  verbs: [get, list, watch, patch]
+- apiGroups: [anchorage.dev]
+  resources: [agentcachepolicies/status]
+  verbs: [get, patch]
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [get, list, watch, create, patch, update]
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create]
+- apiGroups: [apps]
+  resources: [deployments, statefulsets]
+  verbs: [get, list, watch]
+- apiGroups: [apps]
+  resources: [deployments/scale, statefulsets/scale]
+  verbs: [get, patch, update]
+{{- end -}}
