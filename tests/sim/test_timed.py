@@ -1,0 +1,227 @@
+"""The discrete-event simulator: invariants (state drains, no leaked blocks, counters add
+up, every request completes), determinism, closed-loop gaps, preemption, routers."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from anchorage.policies.base import RequestContext
+from anchorage.pool.block_pool import BlockPool
+from anchorage.policies.lru import LRUPolicy
+from anchorage.sim.cluster import ClusterSim, TimedConfig, build_workload, run_timed
+from anchorage.sim.engine import Replica, SimRequest, can_allocate
+from anchorage.sim.profiles import get_profile
+from anchorage.sim.replay import make_contexts
+from anchorage.trace.format import TraceRecord
+
+BS = 16
+
+
+def tiny_profile(capacity=64, **kw):
+    base = dict(block_size=BS, capacity_blocks_override=capacity, max_num_seqs=8,
+                max_num_batched_tokens=256)
+    base.update(kw)
+    return get_profile("h200-llama3-8b").with_(**base)
+
+
+def session_trace(seed=0, sessions=6, turns=5, shared_blocks=4, tool_ms=200.0):
+    """Sessions that share an anchor and grow their own history, with tool gaps."""
+    rng = random.Random(seed)
+    recs = []
+    nid = 1000
+    for s in range(sessions):
+        hist = list(range(shared_blocks))
+        t = s * 50.0
+        for k in range(turns):
+            add = rng.randint(1, 4)
+            hist += list(range(nid, nid + add))
+            nid += add
+            recs.append(TraceRecord(timestamp=t, hash_ids=list(hist), output_length=rng.randint(1, 40),
+                                    input_length=len(hist) * BS - rng.randrange(BS),
+                                    session_id=f"s{s}", tool_name="bash",
+                                    tool_duration_ms=tool_ms))
+            t += 400.0
+    recs.sort(key=lambda r: r.timestamp)
+    return recs
+
+
+def simulate(recs, cfg, policy="lru", router="round_robin"):
+    ctxs = make_contexts(recs)
+    from anchorage.policies.registry import make_policy
+    from anchorage.routing.registry import make_router
+
+    def factory():
+        return make_policy(policy, block_size=cfg.profile.block_size, contexts=ctxs)
+    pooled = router == "pooled"
+    sim = ClusterSim(cfg, factory, None if pooled else make_router(router), pooled=pooled)
+    wl = build_workload(recs, ctxs, cfg)
+    sim.run(wl)
+    return sim, wl
+
+
+def assert_drained(sim, wl):
+    assert len(sim.completed) + len(sim.rejected) == len(wl.requests)
+    for pool in sim.pools:
+        pool.check_invariants()
+        assert pool.num_free_blocks == pool.capacity_blocks, "leaked blocks"
+    for rep in sim.replicas:
+        assert not rep.running and not rep.waiting and not rep.busy
+    for r in sim.completed:
+        assert r.prefill_tokens == r.hit_tokens + r.computed_tokens
+        assert r.arrival_s <= r.first_token_s <= r.finish_s
+        assert r.num_output == r.output_len
+        assert r.alloc is None
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc", "s3fifo", "ttl", "infercept", "lfu", "belady"])
+@pytest.mark.parametrize("mode", ["open", "closed"])
+def test_invariants_under_memory_pressure(policy, mode):
+    recs = session_trace(seed=1, sessions=8)
+    cfg = TimedConfig(tiny_profile(capacity=40), replicas=2, mode=mode)
+    sim, wl = simulate(recs, cfg, policy)
+    assert_drained(sim, wl)
+    assert not sim.rejected
+    assert sum(p.stats.evictions for p in sim.pools) > 0
+
+
+def test_report_counters_add_up_and_are_deterministic():
+    recs = session_trace(seed=2)
+    cfg = TimedConfig(tiny_profile(capacity=48), replicas=2)
+    ctxs = make_contexts(recs)
+    a = run_timed(recs, ctxs, cfg, "lru", "round_robin")
+    b = run_timed(recs, ctxs, cfg, "lru", "round_robin")
+    assert a == b
+    assert a["hit_tokens"] + a["recomputed_tokens"] == a["prefill_tokens"]
+    assert a["measured_requests"] == a["requests"] == len(recs)
+    assert sum(r["requests"] for r in a["per_replica"]) == len(recs)
+    assert sum(r["hit_blocks"] for r in a["per_replica"]) == a["hit_blocks"]
+    assert a["ttft_p50_s"] <= a["ttft_p90_s"] <= a["ttft_p99_s"]
+    assert 0 < a["hit_rate"] < 1
+    assert a["replicas"] == 2 and a["router"] == "round_robin"
+
+
+def test_closed_loop_next_request_waits_for_completion_plus_tool_time():
+    recs = [
+        TraceRecord(timestamp=0.0, hash_ids=[1, 2], output_length=10, input_length=32,
+                    session_id="a", tool_name="t", tool_duration_ms=500.0),
+        TraceRecord(timestamp=1.0, hash_ids=[1, 2, 3], output_length=10, input_length=48,
+                    session_id="a"),
+        TraceRecord(timestamp=2.0, hash_ids=[1, 2, 3, 4], output_length=5, input_length=64,
+                    session_id="a"),
+    ]
+    cfg = TimedConfig(tiny_profile(), replicas=1, mode="closed", think_s=0.25)
+    sim, wl = simulate(recs, cfg)
+    r0, r1, r2 = sorted(sim.completed, key=lambda r: r.index)
+    assert r1.arrival_s == pytest.approx(r0.finish_s + 0.5)
+    assert r2.arrival_s == pytest.approx(r1.finish_s + 0.25)  # no tool: think time
+    # the session's history is hit: 2 then 3 blocks
+    assert (r1.hit_blocks, r2.hit_blocks) == (2, 3)
+    # open loop keeps trace times instead
+    sim, wl = simulate(recs, TimedConfig(tiny_profile(), mode="open"))
+    assert [r.arrival_s for r in sorted(sim.completed, key=lambda r: r.index)] == [0, 0.001, 0.002]
+
+
+def test_ttft_is_one_prefill_step_when_idle():
+    p = tiny_profile(max_num_batched_tokens=4096)
+    recs = [TraceRecord(timestamp=0.0, hash_ids=[1, 2, 3], output_length=3, input_length=48)]
+    sim, wl = simulate(recs, TimedConfig(p, mode="open"))
+    r = sim.completed[0]
+    from anchorage.sim.costmodel import step_time_s
+    assert r.first_token_s == pytest.approx(step_time_s(p, [(48, 0)]))
+    d1 = step_time_s(p, [], [48])
+    d2 = step_time_s(p, [], [49])
+    assert r.finish_s == pytest.approx(r.first_token_s + d1 + d2)
+
+
+def test_chunked_prefill_respects_the_token_budget():
+    p = tiny_profile(max_num_batched_tokens=32, capacity=64)
+    recs = [TraceRecord(timestamp=0.0, hash_ids=list(range(1, 7)), output_length=1,
+                        input_length=96)]
+    sim, wl = simulate(recs, TimedConfig(p, mode="open"))
+    rep = sim.replicas[0]
+    assert rep.stats.steps == 3  # 96 tokens in chunks of 32
+    assert_drained(sim, wl)
+
+
+def test_preemption_recomputes_and_everything_drains():
+    # long outputs on a small pool: decodes run out of blocks and preempt
+    recs = [TraceRecord(timestamp=0.0, hash_ids=[10 * i + j for j in range(3)], output_length=120,
+                        input_length=48) for i in range(6)]
+    p = tiny_profile(capacity=40, max_num_seqs=6)
+    sim, wl = simulate(recs, TimedConfig(p, mode="open"))
+    assert sum(r.preemptions for r in sim.completed) > 0
+    assert_drained(sim, wl)
+    pre = [r for r in sim.completed if r.preemptions]
+    assert all(r.prefill_tokens > r.prompt_len for r in pre)  # recomputed prompt + output
+
+
+def test_oversize_requests_are_rejected_not_hung():
+    recs = [TraceRecord(timestamp=0.0, hash_ids=list(range(100)), output_length=1,
+                        input_length=1600),
+            TraceRecord(timestamp=0.0, hash_ids=[1], output_length=1, input_length=16)]
+    sim, wl = simulate(recs, TimedConfig(tiny_profile(capacity=20), mode="open"))
+    assert len(sim.rejected) == 1 and len(sim.completed) == 1
+    assert_drained(sim, wl)
+
+
+def test_pooled_shares_one_cache_of_the_fleet_size():
+    recs = session_trace(seed=3, sessions=8)
+    cfg = TimedConfig(tiny_profile(capacity=30), replicas=3)
+    sim, wl = simulate(recs, cfg, router="pooled")
+    assert len(sim.pools) == 1 and sim.pools[0].capacity_blocks == 90
+    assert {r.replica for r in sim.completed} == {0, 1, 2}
+    assert_drained(sim, wl)
+    ctxs = make_contexts(recs)
+    pooled = run_timed(recs, ctxs, cfg, "lru", "pooled")
+    rr = run_timed(recs, ctxs, cfg, "lru", "round_robin")
+    assert pooled["hit_rate"] >= rr["hit_rate"]  # anchors cached once, sessions never split
+
+
+def test_round_robin_spreads_and_kv_event_routers_work():
+    recs = session_trace(seed=4, sessions=6)
+    cfg = TimedConfig(tiny_profile(capacity=64), replicas=3)
+    sim, wl = simulate(recs, cfg)
+    counts = [sum(1 for r in sim.completed if r.replica == i) for i in range(3)]
+    assert max(counts) - min(counts) <= 1
+    from anchorage.routing.registry import router_names
+    for name in router_names():
+        sim, wl = simulate(recs, cfg, router=name)
+        assert_drained(sim, wl)
+
+
+def test_warmup_requests_are_run_but_not_measured():
+    recs = session_trace(seed=5, sessions=4)
+    recs[0].extra = {"warmup": True}
+    cfg = TimedConfig(tiny_profile(), replicas=1, mode="open", warmup_s=0.06)
+    ctxs = make_contexts(recs)
+    out = run_timed(recs, ctxs, cfg, "lru")
+    early = sum(1 for r in recs if r.timestamp / 1000 < 0.06)
+    assert out["requests"] == len(recs)
+    assert out["measured_requests"] == len(recs) - max(early, 1)
+
+
+def test_can_allocate_agrees_with_allocate():
+    rng = random.Random(7)
+    pool = BlockPool(12, 4, LRUPolicy())
+    held = []
+    for i in range(300):
+        keys = [("k", rng.randrange(6), j) for j in range(rng.randint(1, 5))]
+        ctx = RequestContext(request_id=i, keys=keys, input_length=len(keys) * 4)
+        n = len(keys) * 4 + rng.randrange(8)
+        ok = can_allocate(pool, ctx, n)
+        a = pool.allocate(ctx, n)
+        assert ok == (a is not None)
+        if a is not None:
+            held.append(a)
+        if held and (rng.random() < 0.5 or a is None):
+            pool.free(held.pop(rng.randrange(len(held))))
+
+
+def test_config_validation():
+    p = tiny_profile()
+    for bad in (dict(replicas=0), dict(mode="x"), dict(time_scale=0), dict(think_s=-1),
+                dict(capacity_blocks=0)):
+        with pytest.raises(ValueError):
+            TimedConfig(p, **bad)
