@@ -32,7 +32,8 @@ def _load_builtins() -> None:
 
     def _belady(contexts: Sequence[RequestContext], block_size: int, **params: Any):
         limits = [max(0, (c.input_length - 1) // block_size) for c in contexts]
-        return belady.BeladyPolicy([c.keys for c in contexts], limits)
+        return belady.BeladyPolicy([c.keys for c in contexts], limits,
+                                   [c.input_length for c in contexts])
 
     _OFFLINE["belady"] = _belady
     import importlib

@@ -3,8 +3,9 @@
 Each request is admitted (prefix lookup, touch, allocation, caching of its full prompt
 blocks), decodes its ``output_length`` tokens (blocks filled by generated tokens are cached
 under fresh keys, as vLLM hashes them), and frees its blocks. The policy clock is the
-trace timestamp. A request larger than the whole pool cannot run (vLLM would reject it);
-it is counted in ``oversize`` and as a miss.
+trace timestamp. A request whose prompt is larger than the whole pool cannot run (vLLM
+would reject it); it is counted in ``oversize`` and as a miss. Generation stops when the
+request fills the whole pool (vLLM stops at ``max_model_len``, which the pool must hold).
 """
 
 from __future__ import annotations
@@ -86,7 +87,8 @@ def replay(contexts: Sequence[RequestContext], capacity_blocks: int, block_size:
     t0 = time.perf_counter()
     for i, ctx in enumerate(contexts):
         total = ctx.input_length + (max(ctx.output_length - 1, 0) if include_output else 0)
-        if pool.blocks_needed(max(total, ctx.input_length)) > capacity_blocks:
+        total = min(total, capacity_blocks * block_size)
+        if pool.blocks_needed(ctx.input_length) > capacity_blocks:
             oversize += 1
             pool.stats.requests += 1
             pool.stats.prompt_blocks += len(ctx.keys)
