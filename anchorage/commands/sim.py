@@ -4,6 +4,15 @@ Contract (`--json`): one JSON object
 ``{"trace", "block_size", "capacity_blocks", "requests", "infinite_hit_rate",
 "results": [{"policy", "hit_rate", "token_hit_rate", "hit_blocks", "prompt_blocks",
 "evictions", "us_per_request", ...}]}``; new fields may be added, none renamed.
+
+``--mode timed`` runs the discrete-event cluster simulator (``anchorage.sim.cluster``):
+``--replicas R --router NAME[,NAME..] --profile NAME``; the same object gains ``mode``,
+``profile``, ``replicas``, ``router`` and each ``results`` entry (one per router and
+policy) gains ``router``, ``replicas``, ``ttft_p50_s``/``ttft_p90_s``/``ttft_p99_s``,
+``ttft_mean_s``, latency percentiles, ``throughput_rps``, ``recomputed_tokens``,
+``preemptions``, ``session_time_mean_s``, ``per_replica`` (list) and, when ``belady`` ran,
+``belady_gap`` (Belady's hit rate minus this one); ``hit_rate`` stays fleet-wide.
+``--router pooled`` is one cache of the fleet's total size (the placement reference).
 """
 
 from __future__ import annotations
@@ -16,8 +25,10 @@ def register(sub) -> None:
     p = sub.add_parser("sim", help="replay a trace through the block pool under policies",
                        description=__doc__.split("\n\n")[0])
     p.add_argument("--trace", required=True, help="anchorage-trace/v1 file (.jsonl[.xz|.gz])")
-    cap = p.add_mutually_exclusive_group(required=True)
-    cap.add_argument("--capacity-blocks", type=int, help="usable KV blocks in the pool")
+    cap = p.add_mutually_exclusive_group()
+    cap.add_argument("--capacity-blocks", type=int,
+                     help="usable KV blocks in the pool (per replica in timed mode; "
+                          "default there: the profile's)")
     cap.add_argument("--capacity-frac", type=float,
                      help="capacity as a fraction of the trace's unique blocks (e.g. 0.05)")
     p.add_argument("--policies", default="lru,belady",
@@ -31,7 +42,59 @@ def register(sub) -> None:
                    help="let tenants share cached prefixes (default: isolated)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--param", action="append", default=[], metavar="POLICY.KEY=VALUE",
+                   help="policy parameter, e.g. ttl.ttl_s=2 (repeatable)")
+    t = p.add_argument_group("timed mode (--mode timed)")
+    t.add_argument("--mode", choices=["sequential", "timed"], default="sequential",
+                   help="sequential replay (default) or the discrete-event cluster simulator")
+    t.add_argument("--replicas", type=int, default=1, help="replicas (default 1)")
+    t.add_argument("--router", default="round_robin",
+                   help="router name(s), comma-separated, from anchorage.routing, or "
+                        "'pooled' (default round_robin)")
+    t.add_argument("--router-param", action="append", default=[], metavar="KEY=VALUE",
+                   help="router parameter (repeatable)")
+    t.add_argument("--profile", default="h200-llama3-8b", help="hardware profile")
+    t.add_argument("--arrivals", choices=["open", "closed"], default="closed",
+                   help="open: trace timestamps; closed: a session's next request after "
+                        "completion + tool time or think time (default)")
+    t.add_argument("--time-scale", type=float, default=1.0,
+                   help="multiply trace timestamps (0.5 = twice the arrival rate)")
+    t.add_argument("--think-s", type=float, default=0.3,
+                   help="closed-loop gap after a turn without a tool call (default 0.3)")
+    t.add_argument("--warmup-s", type=float, default=0.0,
+                   help="requests arriving before this are run but not measured")
     p.set_defaults(func=run)
+
+
+def _value(text: str):
+    for conv in (int, float):
+        try:
+            return conv(text)
+        except ValueError:
+            pass
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    return text
+
+
+def parse_params(items: list[str], *, scoped: bool) -> dict:
+    """``POLICY.KEY=VALUE`` (scoped) or ``KEY=VALUE`` strings into dicts; CLIError if bad."""
+    from anchorage.cli import CLIError
+
+    out: dict = {}
+    for item in items:
+        key, eq, val = item.partition("=")
+        if not eq or not key:
+            raise CLIError(f"bad parameter {item!r}: expected {'POLICY.' if scoped else ''}KEY=VALUE")
+        if scoped:
+            pol, dot, k = key.partition(".")
+            if not dot or not pol or not k:
+                raise CLIError(f"bad parameter {item!r}: expected POLICY.KEY=VALUE")
+            out.setdefault(pol, {})[k] = _value(val)
+        else:
+            out[key] = _value(val)
+    return out
 
 
 def run(args) -> int:
@@ -48,6 +111,9 @@ def run(args) -> int:
         raise CLIError(f"unknown policy {', '.join(bad) or '(none)'}; known: {', '.join(known)}")
     if args.block_size is not None and args.block_size <= 0:
         raise CLIError("--block-size must be positive")
+    params = parse_params(args.param, scoped=True)
+    if args.mode == "sequential" and args.capacity_blocks is None and args.capacity_frac is None:
+        raise CLIError("one of --capacity-blocks or --capacity-frac is required")
     reader = TraceReader(args.trace, lenient=args.lenient, block_size=args.block_size)
     records = list(reader)
     bs = reader.block_size
@@ -57,12 +123,17 @@ def run(args) -> int:
     unique = len({k for c in contexts for k in c.keys})
     if args.capacity_blocks is not None:
         capacity = args.capacity_blocks
+    elif args.capacity_frac is None:
+        capacity = None  # timed mode: the profile's
     else:
         if not 0 < args.capacity_frac:
             raise CLIError("--capacity-frac must be > 0")
         capacity = max(1, round(unique * args.capacity_frac))
-    if capacity <= 0:
+    if capacity is not None and capacity <= 0:
         raise CLIError("--capacity-blocks must be positive")
+    if args.mode == "timed":
+        return run_timed_mode(args, records, contexts, bs, capacity, names, params, unique,
+                              reader.skipped)
 
     def factory(name):
         tick, close = progress_callback(len(contexts), f"sim {name}",
@@ -71,9 +142,12 @@ def run(args) -> int:
         return tick
 
     closers: list = []
-    results = run_policies(contexts, capacity, bs, names,
-                           include_output=not args.no_output_tokens,
-                           progress_factory=factory)
+    try:
+        results = run_policies(contexts, capacity, bs, names, params=params,
+                               include_output=not args.no_output_tokens,
+                               progress_factory=factory)
+    except (TypeError, ValueError) as exc:
+        raise CLIError(f"bad policy parameters: {exc}") from None
     for c in closers:
         c()
     out = {
@@ -104,4 +178,99 @@ def format_table(results: list[dict]) -> str:
     for r in results:
         lines.append(f"{r['policy']:<18}{r['hit_rate']:>10.2%}{r['token_hit_rate']:>11.2%}"
                      f"{r['hit_blocks']:>12}{r['evictions']:>11}{r['us_per_request']:>9.1f}")
+    return "\n".join(lines)
+
+
+def run_timed_mode(args, records, contexts, bs, capacity, names, params, unique,
+                   skipped) -> int:
+    import time
+
+    from anchorage.cli import CLIError
+    from anchorage.sim.cluster import POOLED, TimedConfig, run_timed
+    from anchorage.sim.profiles import get_profile
+    from anchorage.sim.replay import infinite_hit_rate
+
+    routers = [r.strip() for r in args.router.split(",") if r.strip()]
+    known = router_choices()
+    bad = [r for r in routers if r not in known]
+    if bad or not routers:
+        raise CLIError(f"unknown router {', '.join(bad) or '(none)'}; known: {', '.join(known)}")
+    router_params = parse_params(args.router_param, scoped=False)
+    try:
+        profile = get_profile(args.profile).with_(block_size=bs)
+        cfg = TimedConfig(profile, replicas=args.replicas, mode=args.arrivals,
+                          time_scale=args.time_scale, think_s=args.think_s,
+                          warmup_s=args.warmup_s, capacity_blocks=capacity)
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+    results = []
+    for router in routers:
+        for name in names:
+            t0 = time.perf_counter()
+            try:
+                res = run_timed(records, contexts, cfg, name, router,
+                                policy_params=params.get(name),
+                                router_params=None if router == POOLED else router_params)
+            except (TypeError, ValueError) as exc:
+                raise CLIError(f"{router}/{name}: {exc}") from None
+            elapsed = time.perf_counter() - t0
+            res["us_per_request"] = elapsed / max(1, len(records)) * 1e6
+            res["oversize"] = res["rejected"]
+            results.append(res)
+        bel = [r for r in results if r["router"] == router and r["policy"] == "belady"]
+        # Belady ranks by the trace's next use: a reference only where one cache sees
+        # every request (one replica, or pooled); across replicas it is not an optimum
+        if bel and (router == POOLED or args.replicas == 1):
+            for r in results:
+                if r["router"] == router:
+                    r["belady_gap"] = bel[0]["hit_rate"] - r["hit_rate"]
+    out = {
+        "trace": args.trace, "mode": "timed", "profile": args.profile, "arrivals": args.arrivals,
+        "replicas": args.replicas, "router": args.router, "block_size": bs,
+        "capacity_blocks": cfg.capacity, "requests": len(records), "unique_blocks": unique,
+        "infinite_hit_rate": infinite_hit_rate(contexts, bs), "skipped_lines": skipped,
+        "results": results,
+    }
+    if args.json:
+        sys.stdout.write(json.dumps(_clean(out)))
+        sys.stdout.write("\n")
+        return 0
+    print(f"trace {args.trace}: {len(records)} requests, block size {bs}, profile "
+          f"{args.profile}, {args.replicas} replicas x {cfg.capacity} blocks, "
+          f"{args.arrivals}-loop arrivals")
+    print(format_timed_table(results))
+    return 0
+
+
+def router_choices() -> list[str]:
+    from anchorage.routing.registry import router_names
+
+    return router_names() + ["pooled"]
+
+
+def _clean(x):
+    """JSON has no NaN: metrics without samples become null."""
+    if isinstance(x, float) and x != x:
+        return None
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_clean(v) for v in x]
+    return x
+
+
+def format_timed_table(results: list[dict]) -> str:
+    head = (f"{'router':<14}{'policy':<14}{'hit rate':>9}{'TTFT mean':>11}{'p50':>8}"
+            f"{'p90':>8}{'p99':>8}{'turns/s':>9}{'recomputed':>12}{'evict':>9}{'preempt':>8}")
+    lines = [head, "-" * len(head)]
+
+    def f(v, spec):
+        return format(v, spec) if isinstance(v, (int, float)) and v == v else "-"
+    for r in results:
+        lines.append(
+            f"{r['router']:<14}{r['policy']:<14}{r['hit_rate']:>9.2%}"
+            f"{f(r['ttft_mean_s'], '>10.3f')}s{f(r['ttft_p50_s'], '>7.3f')}s"
+            f"{f(r['ttft_p90_s'], '>7.3f')}s{f(r['ttft_p99_s'], '>7.3f')}s"
+            f"{f(r['throughput_rps'], '>9.2f')}{r['recomputed_tokens']:>12}"
+            f"{r['evictions']:>9}{r['preemptions']:>8}")
     return "\n".join(lines)
