@@ -97,7 +97,8 @@ class ScalerState:
     cache_floor_since_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        """Every field, unset ones as null (a status merge patch then clears them)."""
+        return asdict(self)
 
     @classmethod
     def from_json(cls, d: dict[str, Any] | None) -> "ScalerState":

@@ -1,0 +1,70 @@
+"""kopf handlers for AgentCachePolicy: create, update, resume and a periodic timer all run
+one ``reconcile`` pass; the result is patched into ``status`` and posted as Events.
+
+Run with ``anchorage operator`` (or ``kopf run -m anchorage.operator.handlers``). Several
+replicas may run: kopf peering (``--peering``, default ``anchorage``) keeps one active.
+Environment: ``ANCHORAGE_OPERATOR_INTERVAL_S`` (timer period, default 15 s).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import kopf
+
+from anchorage.operator.kube import KubeIO
+from anchorage.operator.prometheus import PrometheusClient
+from anchorage.operator.reconcile import reconcile
+
+GROUP, VERSION, PLURAL = "anchorage.dev", "v1alpha1", "agentcachepolicies"
+INTERVAL_S = float(os.environ.get("ANCHORAGE_OPERATOR_INTERVAL_S", "15"))
+
+_kube: KubeIO | None = None
+_prom: dict[str, PrometheusClient] = {}
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    global _kube
+    from kubernetes import config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    _kube = KubeIO()
+    settings.posting.level = 20  # INFO and above become Events
+    settings.watching.server_timeout = 60
+
+
+def _metrics_for(url: str) -> PrometheusClient:
+    if url not in _prom:
+        _prom[url] = PrometheusClient(url)
+    return _prom[url]
+
+
+def _run(body: kopf.Body, patch: kopf.Patch, reason: str, logger: Any) -> None:
+    meta = body["metadata"]
+    res = reconcile(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"],
+                    generation=meta.get("generation"), spec=dict(body.get("spec") or {}),
+                    status=dict(body.get("status") or {}), kube=_kube,
+                    metrics_for=_metrics_for, now_s=time.time())
+    for k, v in res.status.items():
+        patch.status[k] = v
+    for ev in res.events:
+        kopf.event(body, type=ev.type, reason=ev.reason, message=ev.message)
+        logger.info("%s: %s", ev.reason, ev.message)
+
+
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+def reconcile_on_change(body: kopf.Body, patch: kopf.Patch, logger: Any, **_: Any) -> None:
+    _run(body, patch, "change", logger)
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=INTERVAL_S, initial_delay=INTERVAL_S)
+def reconcile_periodically(body: kopf.Body, patch: kopf.Patch, logger: Any, **_: Any) -> None:
+    _run(body, patch, "timer", logger)
