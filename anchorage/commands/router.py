@@ -1,0 +1,77 @@
+"""`anchorage router`: run the OpenAI-compatible Ray Serve router in front of vLLM replicas.
+
+    anchorage router --replicas http://10.0.0.5:8000,http://10.0.0.6:8000 --policy agent
+    anchorage router --discovery kubernetes --k8s-selector app=vllm --k8s-port 8000
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+
+def register(sub) -> None:
+    p = sub.add_parser("router", help="run the Ray Serve router (OpenAI-compatible proxy)",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("--replicas", default="", help="comma-separated upstream base URLs (static discovery)")
+    p.add_argument("--policy", default="agent",
+                   help="routing policy: round_robin, least_loaded, session, prefix, "
+                        "precise_prefix, agent, composite (default: agent)")
+    p.add_argument("--policy-params", default="{}", help="JSON object of policy parameters")
+    p.add_argument("--host", default="127.0.0.1", help="listen address (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--block-size", type=int, default=16, help="tokens per block for token-id prompts")
+    p.add_argument("--max-inflight-per-replica", type=int, default=64)
+    p.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024)
+    p.add_argument("--retries", type=int, default=2)
+    p.add_argument("--discovery", choices=["static", "kubernetes"], default="static")
+    p.add_argument("--k8s-namespace", default="default")
+    p.add_argument("--k8s-selector", default="", help="label selector of the replicas' Endpoints")
+    p.add_argument("--k8s-port", type=int, default=8000)
+    p.add_argument("--k8s-kind", choices=["Endpoints", "EndpointSlice"], default="Endpoints")
+    p.add_argument("--print-config", action="store_true", help="validate, print the config, exit")
+    p.set_defaults(func=run)
+
+
+def make_config(args):
+    from anchorage.cli import CLIError
+    from anchorage.router.config import RouterConfig
+
+    try:
+        params = json.loads(args.policy_params)
+    except ValueError as exc:
+        raise CLIError(f"--policy-params is not valid JSON: {exc}") from None
+    if not isinstance(params, dict):
+        raise CLIError("--policy-params must be a JSON object")
+    cfg = RouterConfig(
+        replicas=[u.strip() for u in args.replicas.split(",") if u.strip()],
+        policy=args.policy, policy_params=params, block_size=args.block_size,
+        max_inflight_per_replica=args.max_inflight_per_replica,
+        max_body_bytes=args.max_body_bytes, retries=args.retries, discovery=args.discovery,
+        k8s_namespace=args.k8s_namespace, k8s_selector=args.k8s_selector,
+        k8s_port=args.k8s_port, k8s_kind=args.k8s_kind,
+        tenant_secret=os.environ.get("ANCHORAGE_TENANT_SECRET", ""))
+    try:
+        return cfg.validate()
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+
+
+def run(args) -> int:
+    cfg = make_config(args)
+    if args.print_config:
+        print(json.dumps(cfg.to_dict(), indent=1))
+        return 0
+    from anchorage.cli import CLIError
+    try:
+        import ray
+
+        from anchorage.router import app
+    except ImportError as exc:
+        raise CLIError(f"the router needs the [router] extra ({exc.name} missing): "
+                       "pip install 'anchorage[router]'") from None
+    if not ray.is_initialized():
+        ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False,
+                 namespace="anchorage")
+    app.run(cfg, host=args.host, port=args.port, blocking=True)
+    return 0

@@ -1,0 +1,36 @@
+"""The router's Prometheus series (``anchorage_router_*``), in one private registry owned
+by the shared routing state, so every router replica serves the fleet-wide numbers."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("anchorage_router_requests", "Requests by replica, policy and outcome",
+                                ["replica", "policy", "outcome"], registry=r)
+        self.decision = Histogram("anchorage_router_decision_seconds", "Routing decision time",
+                                  buckets=(1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 5e-3, 1e-2),
+                                  registry=r)
+        self.predicted = Counter("anchorage_router_predicted_cached_tokens",
+                                 "Cached prompt tokens the router predicted", ["replica"], registry=r)
+        self.observed = Counter("anchorage_router_observed_cached_tokens",
+                                "Cached prompt tokens replicas reported (usage.prompt_tokens_details)",
+                                ["replica"], registry=r)
+        self.prompt = Counter("anchorage_router_prompt_tokens", "Prompt tokens replicas reported",
+                              ["replica"], registry=r)
+        self.retries = Counter("anchorage_router_retries", "Attempts retried on another replica",
+                               ["replica", "reason"], registry=r)
+        self.ejections = Counter("anchorage_router_ejections", "Replicas ejected as unhealthy",
+                                 ["replica"], registry=r)
+        self.rejected = Counter("anchorage_router_rejected", "Requests refused (429 saturated, 4xx)",
+                                ["reason"], registry=r)
+        self.healthy = Gauge("anchorage_router_replica_healthy", "1 if the replica is in rotation",
+                             ["replica"], registry=r)
+        self.inflight = Gauge("anchorage_router_replica_inflight", "Requests in flight per replica",
+                              ["replica"], registry=r)
+
+    def text(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,196 @@
+"""The routing state shared by every router replica: one object, hosted in one named Ray
+actor (``app.RoutingStateActor``), so all replicas see the same sessions, prefix model and
+in-flight counts (per-process state would herd each replica onto its own "best" backend).
+
+It owns: the upstream table (stable id, URL, health, in-flight, scraped queue and KV
+usage), the routing policy (``anchorage.routing``), admission (429 when every healthy
+replica is at ``max_inflight_per_replica``), passive and active health (ejection after
+``eject_after_failures`` consecutive failures, readmission on a good probe) and the
+metrics. It is plain Python: unit-testable without Ray; the actor only wraps it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from anchorage.policies.base import RequestContext
+from anchorage.routing import NoReplicaError, ReplicaView, make_router
+from anchorage.router.config import RouterConfig
+from anchorage.router.metrics import RouterMetrics
+
+log = logging.getLogger("anchorage.router")
+
+_GAUGES = {"vllm:num_requests_waiting": "waiting", "vllm:kv_cache_usage_perc": "kv_usage"}
+_LINE = re.compile(r"^(vllm:[a-z_]+)(?:\{[^}]*\})?\s+([0-9.eE+-]+)$")
+
+
+@dataclass
+class Upstream:
+    id: int
+    url: str
+    healthy: bool = True
+    inflight: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0
+    failures: int = 0          # consecutive
+
+
+def parse_vllm_gauges(text: str) -> dict[str, float]:
+    """Sum of each known vLLM gauge over its label sets (one engine per replica)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = _LINE.match(line)
+        if m and m.group(1) in _GAUGES:
+            k = _GAUGES[m.group(1)]
+            out[k] = out.get(k, 0.0) + float(m.group(2))
+    return out
+
+
+class RoutingState:
+    def __init__(self, config: dict[str, Any] | RouterConfig) -> None:
+        self.cfg = config if isinstance(config, RouterConfig) else RouterConfig(**config)
+        self.router = make_router(self.cfg.policy, **self.cfg.policy_params)
+        self.metrics = RouterMetrics()
+        self.upstreams: dict[int, Upstream] = {}
+        self._next_id = 0
+        self._health_task: asyncio.Task | None = None
+        self.set_replicas(self.cfg.replicas)
+
+    # -- membership -----------------------------------------------------------------
+    def set_replicas(self, urls: Iterable[str]) -> None:
+        want = list(dict.fromkeys(u.rstrip("/") for u in urls))
+        have = {u.url: u for u in self.upstreams.values()}
+        for url in want:
+            if url not in have:
+                up = Upstream(self._next_id, url)
+                self.upstreams[up.id] = up
+                self._next_id += 1
+                self.metrics.healthy.labels(url).set(1)
+                log.info("replica added: %s", url)
+        for url, up in have.items():
+            if url not in want:
+                del self.upstreams[up.id]
+                self.router.on_replica_removed(up.id)
+                self.metrics.healthy.labels(url).set(0)
+                log.info("replica removed: %s", url)
+
+    def _views(self, ups: list[Upstream]) -> list[ReplicaView]:
+        cap = self.cfg.max_inflight_per_replica
+        return [ReplicaView(index=u.id, name=u.url, healthy=u.inflight < cap,
+                            running=u.inflight, waiting=u.waiting, kv_usage=u.kv_usage)
+                for u in ups]
+
+    # -- decisions ------------------------------------------------------------------
+    def pick(self, ctx: RequestContext, exclude: Iterable[int] = (),
+             tokens_per_key: float = 1.0) -> dict[str, Any]:
+        ex = set(exclude)
+        ups = [u for u in self.upstreams.values() if u.healthy and u.id not in ex]
+        if not ups:
+            return {"status": "unavailable"}
+        if all(u.inflight >= self.cfg.max_inflight_per_replica for u in ups):
+            return {"status": "saturated", "retry_after_s": self.cfg.retry_after_s}
+        views = self._views(ups)
+        t0 = time.perf_counter()
+        try:
+            p = self.router.pick(ctx, views)
+        except NoReplicaError:
+            return {"status": "unavailable"}
+        self.metrics.decision.observe(time.perf_counter() - t0)
+        up = ups[p]
+        predicted = int(self.router.predicted_hit_blocks(ctx, up.id) * tokens_per_key)
+        self.router.on_start(ctx, up.id)
+        up.inflight += 1
+        self.metrics.inflight.labels(up.url).set(up.inflight)
+        return {"status": "ok", "replica": up.id, "url": up.url, "predicted_tokens": predicted}
+
+    def finish(self, ctx: RequestContext, replica: int, outcome: str,
+               usage: dict[str, Any] | None = None, predicted_tokens: int = 0) -> None:
+        """A request attempt ended. ``outcome``: ok, client_error, upstream_error,
+        connect_error, retried."""
+        up = self.upstreams.get(replica)
+        url = up.url if up else f"removed-{replica}"
+        if up is not None:
+            up.inflight = max(0, up.inflight - 1)
+            self.metrics.inflight.labels(url).set(up.inflight)
+            self.router.on_finish(ctx, replica)
+            if outcome in ("ok", "client_error"):
+                up.failures = 0
+            elif outcome in ("upstream_error", "connect_error", "retried"):
+                self._failure(up)
+        self.metrics.requests.labels(url, self.cfg.policy, outcome).inc()
+        if outcome == "retried":
+            self.metrics.retries.labels(url, "connect_or_5xx").inc()
+        if outcome == "ok":
+            self.metrics.predicted.labels(url).inc(predicted_tokens)
+            if usage:
+                details = usage.get("prompt_tokens_details") or {}
+                self.metrics.observed.labels(url).inc(int(details.get("cached_tokens") or 0))
+                self.metrics.prompt.labels(url).inc(int(usage.get("prompt_tokens") or 0))
+
+    def rejected(self, reason: str) -> None:
+        self.metrics.rejected.labels(reason).inc()
+
+    def _failure(self, up: Upstream) -> None:
+        up.failures += 1
+        if up.healthy and up.failures >= self.cfg.eject_after_failures:
+            up.healthy = False
+            self.metrics.ejections.labels(up.url).inc()
+            self.metrics.healthy.labels(up.url).set(0)
+            log.warning("replica ejected after %d failures: %s", up.failures, up.url)
+
+    def _success(self, up: Upstream) -> None:
+        up.failures = 0
+        if not up.healthy:
+            up.healthy = True
+            self.metrics.healthy.labels(up.url).set(1)
+            log.info("replica readmitted: %s", up.url)
+
+    # -- active health --------------------------------------------------------------
+    async def probe_once(self, client) -> None:
+        async def one(up: Upstream) -> None:
+            try:
+                r = await client.get(up.url + "/health", timeout=self.cfg.health_timeout_s)
+                ok = r.status_code == 200
+            except Exception:  # noqa: BLE001 - any transport error is a failed probe
+                ok = False
+            if not ok:
+                self._failure(up)
+                return
+            self._success(up)
+            try:
+                m = await client.get(up.url + "/metrics", timeout=self.cfg.health_timeout_s)
+                if m.status_code == 200:
+                    g = parse_vllm_gauges(m.text)
+                    up.waiting = int(g.get("waiting", 0))
+                    up.kv_usage = float(g.get("kv_usage", 0.0))
+            except Exception:  # noqa: BLE001 - metrics are optional
+                pass
+        await asyncio.gather(*(one(u) for u in list(self.upstreams.values())))
+
+    async def start(self) -> None:
+        if self._health_task is None:
+            self._health_task = asyncio.get_running_loop().create_task(self._health_loop())
+
+    async def _health_loop(self) -> None:
+        import httpx
+        async with httpx.AsyncClient() as client:
+            while True:
+                try:
+                    await self.probe_once(client)
+                except Exception:  # noqa: BLE001 - keep probing whatever happens
+                    log.exception("health probe round failed")
+                await asyncio.sleep(self.cfg.health_interval_s)
+
+    # -- introspection --------------------------------------------------------------
+    def snapshot(self) -> list[dict[str, Any]]:
+        return [{"id": u.id, "url": u.url, "healthy": u.healthy, "inflight": u.inflight,
+                 "failures": u.failures, "waiting": u.waiting, "kv_usage": u.kv_usage}
+                for u in self.upstreams.values()]
+
+    def metrics_text(self) -> bytes:
+        return self.metrics.text()

@@ -1,0 +1,157 @@
+"""The Ray Serve router on a real local Ray, in front of real HTTP upstreams (fake
+OpenAI-compatible servers with injected faults)."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+
+BASE = {"policy": "agent", "block_size": 16, "health_interval_s": 0.5, "retries": 2,
+        "eject_after_failures": 2, "tenant_secret": "test-secret"}
+
+
+@pytest.fixture
+def router(cluster):
+    ns = cluster["ns"]
+    ns("reset_upstreams")
+
+    def deploy(**over):
+        ns("deploy", {**BASE, "replicas": cluster["urls"], **over})
+        return ns
+    return deploy
+
+
+def served_by(resp):
+    return json.loads(resp["text"])["served_by"]
+
+
+def metric(ns, name, **labels):
+    text = ns("http", "GET", "/metrics")["text"]
+    total = 0.0
+    for line in text.splitlines():
+        m = re.match(rf"^{name}(?:\{{(.*)\}})? (\S+)$", line)
+        if m and all(f'{k}="{v}"' in (m.group(1) or "") for k, v in labels.items()):
+            total += float(m.group(2))
+    return total
+
+
+def completion(ns, prompt, session=None, key="sk-alice", stream=False, **extra):
+    headers = {"authorization": f"Bearer {key}"}
+    if session:
+        headers["x-session-id"] = session
+    return ns("http", "POST", "/v1/completions", json={"model": "tiny", "prompt": prompt,
+                                                       "max_tokens": 3, "stream": stream, **extra},
+              headers=headers)
+
+
+def test_forwards_canonical_metadata_and_keeps_sessions_on_one_replica(router, cluster):
+    ns = router()
+    prompt = list(range(64))
+    first = completion(ns, prompt, session="s1",
+                       anchorage={"agent": "planner", "tool_name": "search", "tool_args": {"q": 1}})
+    assert first["status"] == 200, first
+    home = served_by(first)
+    for turn in range(3):
+        r = completion(ns, prompt + list(range(100, 120 + 16 * turn)), session="s1")
+        assert r["status"] == 200 and served_by(r) == home
+    body = ns("upstream_requests", home)[0]
+    assert body["session_id"] == "s1"
+    assert body["vllm_xargs"] == {"anchorage.agent": "planner", "anchorage.tool_name": "search",
+                                  "anchorage.tool_args": '{"q": 1}',
+                                  "anchorage.tenant": body["vllm_xargs"]["anchorage.tenant"]}
+    assert "sk-alice" not in json.dumps(body) and "anchorage" not in body
+    # observed cached tokens come from the upstream's usage; the router predicted hits too
+    assert metric(ns, "anchorage_router_observed_cached_tokens_total") > 0
+    assert metric(ns, "anchorage_router_predicted_cached_tokens_total") > 0
+    assert metric(ns, "anchorage_router_requests_total", policy="agent", outcome="ok") == 4
+    assert metric(ns, "anchorage_router_decision_seconds_count") == 4
+
+
+def test_tenants_get_distinct_cache_salts(router):
+    ns = router(policy="round_robin")
+    completion(ns, [1] * 32, key="sk-alice")
+    completion(ns, [1] * 32, key="sk-bob")
+    completion(ns, [1] * 32, key="sk-alice")
+    salts = [b["cache_salt"] for n in ns("upstream_names") for b in ns("upstream_requests", n)]
+    assert len(salts) == 3 and len(set(salts)) == 2
+    assert all("sk-" not in s for s in salts)
+
+
+def test_chat_streaming_passes_sse_through(router):
+    ns = router()
+    r = ns("http", "POST", "/v1/chat/completions",
+           json={"model": "tiny", "stream": True, "messages": [{"role": "user", "content": "hi" * 50}]})
+    assert r["status"] == 200 and r["headers"]["content-type"].startswith("text/event-stream")
+    assert r["text"].count("data: ") == 5 and r["text"].rstrip().endswith("data: [DONE]")
+
+
+def test_5xx_before_first_byte_is_retried_elsewhere(router, cluster):
+    ns = router(policy="round_robin", eject_after_failures=100)
+    bad = cluster["names"][0]
+    ns("set_mode", bad, "error500")
+    for i in range(6):
+        r = completion(ns, [i] * 32)
+        assert r["status"] == 200 and served_by(r) != bad
+    assert metric(ns, "anchorage_router_retries_total") >= 1
+    assert metric(ns, "anchorage_router_requests_total", outcome="retried") >= 1
+
+
+def test_mid_stream_death_ends_the_stream_with_an_error_event(router, cluster):
+    ns = router(policy="round_robin", eject_after_failures=100)
+    for n in cluster["names"]:
+        ns("set_mode", n, "die_midstream")
+    r = completion(ns, [5] * 32, stream=True)
+    assert r["status"] == 200
+    assert "[DONE]" not in r["text"] and '"upstream_error"' in r["text"]
+    assert r["text"].count('"served_by"') == 2          # the two chunks sent before the drop
+    assert metric(ns, "anchorage_router_requests_total", outcome="upstream_error") == 1
+
+
+def test_every_replica_saturated_gives_429_with_retry_after(router, cluster):
+    ns = router(policy="least_loaded", max_inflight_per_replica=1)
+    for n in cluster["names"]:
+        ns("set_mode", n, "slow", 3.0)
+    slow = {"method": "POST", "path": "/v1/completions",
+            "json": {"model": "tiny", "prompt": [1] * 32, "max_tokens": 1}}
+    out = ns("http_with_background", [slow] * 3, slow, 1.5)
+    assert out["fg"]["status"] == 429, out["fg"]
+    assert out["fg"]["headers"]["retry-after"] == "1"
+    assert "capacity" in json.loads(out["fg"]["text"])["error"]["message"]
+    assert [b["status"] for b in out["bg"]] == [200, 200, 200]
+
+
+@pytest.mark.parametrize("kwargs, status, msg", [
+    ({"content": b"{not json"}, 400, "not valid JSON"),
+    ({"json": [1, 2]}, 400, "JSON object"),
+    ({"json": {"model": "tiny"}}, 400, "'prompt' is required"),
+    ({"json": {"prompt": "x", "anchorage": {"agnet": "a"}}}, 400, "unknown anchorage metadata"),
+    ({"json": {"prompt": "x" * 5000}}, 413, "limit is 4096"),
+])
+def test_bad_requests_get_clear_4xx(router, kwargs, status, msg):
+    ns = router(max_body_bytes=4096)
+    r = ns("http", "POST", "/v1/completions", **kwargs)
+    assert r["status"] == status and msg in json.loads(r["text"])["error"]["message"], r
+
+
+def test_models_healthz_and_ejection_of_a_dead_replica(router, cluster):
+    ns = router(policy="round_robin")
+    assert json.loads(ns("http", "GET", "/v1/models")["text"])["data"][0]["id"] == "tiny"
+    assert json.loads(ns("http", "GET", "/healthz")["text"])["healthy"] == 3
+    dead = cluster["names"][2]
+    ns("stop_upstream", dead)
+    for i in range(6):                                 # connect errors are retried elsewhere
+        r = completion(ns, [i] * 32)
+        assert r["status"] == 200 and served_by(r) != dead
+    deadline = time.time() + 10
+    while json.loads(ns("http", "GET", "/healthz")["text"])["healthy"] != 2:
+        assert time.time() < deadline, ns("state_snapshot")
+        time.sleep(0.2)
+    assert metric(ns, "anchorage_router_ejections_total") == 1
+    ns("reset_upstreams")                               # restarts it: probes readmit it
+    deadline = time.time() + 10
+    while json.loads(ns("http", "GET", "/healthz")["text"])["healthy"] != 3:
+        assert time.time() < deadline, ns("state_snapshot")
+        time.sleep(0.2)
