@@ -252,35 +252,35 @@ def router() -> gd.Dashboard:
                    with_model=False)
     d = d.with_row(gd.Row("Traffic"))
     d = d.with_panel(timeseries(
-        "Requests by policy and outcome", "Requests per second through the router.",
+        "Requests by policy and outcome", "Requests per second routed to replicas.",
         [Q(f"sum by (policy, outcome) (rate(anchorage_router_requests_total{{{NS}}}[{RI}]))",
            "{{policy}} {{outcome}}")], lo=0))
     d = d.with_panel(timeseries(
-        "Requests by replica", "Requests per second sent to each replica.",
-        [Q(f"sum by (replica) (rate(anchorage_router_requests_total{{{NS},replica!=\"none\"}}[{RI}]))",
-           "{{replica}}")], lo=0))
-    d = d.with_panel(timeseries(
-        "Rejected (429) and errors", "429s (every replica saturated), bad requests, and "
-        "upstream errors/timeouts per second.",
-        [Q(f"sum(rate(anchorage_router_requests_total{{{NS},outcome=\"rejected\"}}[{RI}]))", "429"),
-         Q(f"sum(rate(anchorage_router_requests_total{{{NS},outcome=\"bad_request\"}}[{RI}]))", "bad request"),
-         Q(f"sum(rate(anchorage_router_requests_total{{{NS},outcome=~\"error|timeout\"}}[{RI}]))", "error")],
+        "Requests by replica", "Requests per second sent to each replica, and requests in flight.",
+        [Q(f"sum by (replica) (rate(anchorage_router_requests_total{{{NS}}}[{RI}]))", "{{replica}}"),
+         Q(f"sum by (replica) (anchorage_router_replica_inflight{{{NS}}})", "{{replica}} in flight")],
         lo=0))
     d = d.with_panel(timeseries(
-        "Decision latency", "Time to pick a replica, p50 / p99 per policy.",
-        [Q(_quantile(0.5, "anchorage_router_decision_seconds", NS, "le, policy"), "{{policy}} p50"),
-         Q(_quantile(0.99, "anchorage_router_decision_seconds", NS, "le, policy"), "{{policy}} p99")],
+        "Rejected (429) and errors", "Requests the router refused (429 when every replica is "
+        "saturated, 4xx from its own checks) by reason, and upstream failures per second.",
+        [Q(f"sum by (reason) (rate(anchorage_router_rejected_total{{{NS}}}[{RI}]))", "rejected {{reason}}"),
+         Q(f"sum(rate(anchorage_router_requests_total{{{NS},outcome!=\"ok\"}}[{RI}]))", "upstream not ok")],
+        lo=0))
+    d = d.with_panel(timeseries(
+        "Decision latency", "Time to pick a replica, p50 / p99.",
+        [Q(_quantile(0.5, "anchorage_router_decision_seconds", NS), "p50"),
+         Q(_quantile(0.99, "anchorage_router_decision_seconds", NS), "p99")],
         unit="s", lo=0))
     d = d.with_row(gd.Row("Cache hits"))
     d = d.with_panel(timeseries(
         "Predicted vs observed cached tokens", "Share of prompt tokens the router predicted "
         "cached at decision time vs the share replicas reported cached.",
-        [Q(f"sum by (policy) (rate(anchorage_router_predicted_cached_tokens_total{{{NS}}}[{RI}]))\n  /\n"
-           f"(sum by (policy) (rate(anchorage_router_prompt_tokens_total{{{NS}}}[{RI}])) > 0)",
-           "{{policy}} predicted"),
-         Q(f"sum by (policy) (rate(anchorage_router_observed_cached_tokens_total{{{NS}}}[{RI}]))\n  /\n"
-           f"(sum by (policy) (rate(anchorage_router_prompt_tokens_total{{{NS}}}[{RI}])) > 0)",
-           "{{policy}} observed")], unit="percentunit", lo=0, hi=1))
+        [Q(f"sum(rate(anchorage_router_predicted_cached_tokens_total{{{NS}}}[{RI}]))\n  /\n"
+           f"(sum(rate(anchorage_router_prompt_tokens_total{{{NS}}}[{RI}])) > 0)", "predicted"),
+         Q(f"sum(rate(anchorage_router_observed_cached_tokens_total{{{NS}}}[{RI}]))\n  /\n"
+           f"(sum(rate(anchorage_router_prompt_tokens_total{{{NS}}}[{RI}])) > 0)", "observed"),
+         Q(f"anchorage:router_observed_cached_ratio:rate5m{{{NS}}}", "observed (5 m)")],
+        unit="percentunit", lo=0, hi=1))
     d = d.with_panel(timeseries(
         "Observed cached share per replica", "Cached / prompt tokens per replica.",
         [Q(f"sum by (replica) (rate(anchorage_router_observed_cached_tokens_total{{{NS}}}[{RI}]))\n  /\n"
@@ -288,12 +288,13 @@ def router() -> gd.Dashboard:
            "{{replica}}")], unit="percentunit", lo=0, hi=1))
     d = d.with_row(gd.Row("Upstream health"))
     d = d.with_panel(timeseries(
-        "Retries", "Retries to another replica before the first byte, by reason.",
+        "Retries", "Attempts retried on another replica before the first byte, by reason.",
         [Q(f"sum by (reason) (rate(anchorage_router_retries_total{{{NS}}}[{RI}]))", "{{reason}}")],
         lo=0))
     d = d.with_panel(timeseries(
-        "Replicas and ejections", "Healthy and ejected replicas, and ejections.",
-        [Q(f"sum by (state) (anchorage_router_replicas{{{NS}}})", "{{state}}"),
+        "Replicas and ejections", "Replicas in rotation, replicas ejected, and ejections.",
+        [Q(f"sum(anchorage_router_replica_healthy{{{NS}}})", "healthy"),
+         Q(f"count(anchorage_router_replica_healthy{{{NS}}} == 0) or vector(0)", "ejected"),
          Q(f"sum(increase(anchorage_router_ejections_total{{{NS}}}[{RI}]))", "ejections")], lo=0))
     return d
 

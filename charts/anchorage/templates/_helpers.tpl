@@ -73,9 +73,10 @@ anchorage.dev/model: {{ .model.name }}
 {{- printf "%s-%s" (include "anchorage.fullname" .ctx) .component -}}
 {{- end -}}
 
-{{/* PodDisruptionBudget API: policy/v1 where served (1.21+), else policy/v1beta1. */}}
+{{/* PodDisruptionBudget API: policy/v1 where served (1.21+), else policy/v1beta1. Offline
+(`helm template`) Helm lists group/versions only, so the group/version is checked too. */}}
 {{- define "anchorage.pdbApiVersion" -}}
-{{- if .Capabilities.APIVersions.Has "policy/v1/PodDisruptionBudget" -}}
+{{- if or (.Capabilities.APIVersions.Has "policy/v1/PodDisruptionBudget") (.Capabilities.APIVersions.Has "policy/v1") -}}
 policy/v1
 {{- else -}}
 policy/v1beta1
@@ -120,4 +121,29 @@ scale the target Deployment/StatefulSet through its scale subresource, and kopf 
 - apiGroups: [apps]
   resources: [deployments/scale, statefulsets/scale]
   verbs: [get, patch, update]
+{{- end -}}
+
+{{/* The models list with modelDefaults filled in (an entry's own fields win; maps merge
+key by key, lists and scalars are replaced), as JSON: use with
+`include "anchorage.models" . | fromJsonArray`. Sprig's merge would let a default `true`
+override an entry's `false`, hence anchorage.overlay. */}}
+{{- define "anchorage.models" -}}
+{{- $out := list -}}
+{{- range .Values.models -}}
+{{- $out = append $out (include "anchorage.overlay" (dict "base" $.Values.modelDefaults "over" .) | fromJson) -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end -}}
+
+{{/* JSON of map .base with map .over laid over it, recursively. */}}
+{{- define "anchorage.overlay" -}}
+{{- $out := deepCopy .base -}}
+{{- range $k, $v := .over -}}
+{{- if and (kindIs "map" $v) (kindIs "map" (get $out $k)) -}}
+{{- $_ := set $out $k (include "anchorage.overlay" (dict "base" (get $out $k) "over" $v) | fromJson) -}}
+{{- else -}}
+{{- $_ := set $out $k $v -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $out -}}
 {{- end -}}

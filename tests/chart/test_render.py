@@ -1,0 +1,465 @@
+"""charts/anchorage renders, lints and validates: default values and every optional feature
+on, against current Kubernetes schemas (kubernetes-validate --strict); custom resources
+against their CRD schemas; invalid values rejected by values.schema.json with a message that
+names the field."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from tests.chart.conftest import (
+    CHART,
+    MONITORING_APIS,
+    NAMESPACE,
+    RELEASE,
+    all_on_values,
+    by_kind,
+    crd_files,
+    deep,
+    deployment_router_values,
+    model,
+    objects,
+    one,
+    render,
+)
+from tests.conftest import REPO, need_module
+
+# Kinds whose schemas are not Kubernetes built-ins: checked against the CRDs we ship
+# (AgentCachePolicy, kopf peerings) or structurally (Prometheus Operator, KubeRay).
+CUSTOM_KINDS = {"AgentCachePolicy", "ClusterKopfPeering", "KopfPeering", "ServiceMonitor",
+                "PodMonitor", "PrometheusRule", "RayService"}
+
+
+def _k8s_validate(docs: list[dict]) -> int:
+    need_module("kubernetes_validate", "kubernetes-validate (pip install kubernetes-validate)")
+    import kubernetes_validate
+    from kubernetes_validate.utils import latest_version
+
+    version = latest_version()
+    checked = 0
+    for d in docs:
+        if d["kind"] in CUSTOM_KINDS:
+            continue
+        try:
+            kubernetes_validate.validate(d, version, strict=True)
+        except kubernetes_validate.ValidationError as e:  # pragma: no cover - the failure path
+            pytest.fail(f"{d['kind']}/{d['metadata']['name']} invalid for Kubernetes {version}: "
+                        f"{e.message}")
+        checked += 1
+    return checked
+
+
+def _crd_schema(kind: str) -> dict:
+    for f in crd_files():
+        for crd in yaml.safe_load_all(f.read_text()):
+            if crd["spec"]["names"]["kind"] == kind:
+                return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    raise AssertionError(f"no CRD for {kind} in {CHART / 'crds'}")
+
+
+def _validate_custom(d: dict) -> None:
+    import jsonschema
+
+    if d["kind"] in ("AgentCachePolicy", "ClusterKopfPeering", "KopfPeering"):
+        jsonschema.validate(d, _crd_schema(d["kind"]))
+    assert d["metadata"]["name"]
+
+
+def test_default_values_lint_clean():
+    from helm_python import lint
+
+    report = lint(str(CHART), strict=True)
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    assert not problems and not report["errors"], report
+
+
+def test_all_on_values_lint_clean():
+    from helm_python import lint
+
+    report = lint(str(CHART), all_on_values(), strict=True)
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    assert not problems and not report["errors"], report
+
+
+def test_default_render_objects(default_objects):
+    kinds = sorted({d["kind"] for d in default_objects})
+    assert kinds == sorted(["AgentCachePolicy", "ClusterKopfPeering", "ClusterRole",
+                            "ClusterRoleBinding", "ConfigMap", "Deployment", "NetworkPolicy",
+                            "PodDisruptionBudget", "Role", "RoleBinding", "Service",
+                            "ServiceAccount"])
+    # Without the monitoring API, `auto` renders no monitors or rules.
+    assert not by_kind(default_objects, "ServiceMonitor")
+    assert not by_kind(default_objects, "PrometheusRule")
+    names = {d["metadata"]["name"] for d in by_kind(default_objects, "Deployment")}
+    assert names == {f"{RELEASE}-anchorage-operator", f"{RELEASE}-anchorage-router",
+                     f"{RELEASE}-anchorage-llama-8b"}
+    for d in default_objects:
+        if d["kind"] not in ("ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering"):
+            assert d["metadata"]["namespace"] == NAMESPACE, d["metadata"]
+
+
+@pytest.mark.parametrize("variant", ["defaults", "all-on", "all-on-deployment-router"])
+def test_every_object_valid(variant):
+    if variant == "defaults":
+        docs = objects(render({}))
+    elif variant == "all-on":
+        docs = objects(render(all_on_values(), api_versions=MONITORING_APIS))
+    else:
+        docs = objects(render(deployment_router_values(), api_versions=MONITORING_APIS))
+    checked = _k8s_validate(docs)
+    assert checked >= 10
+    for d in docs:
+        if d["kind"] in CUSTOM_KINDS:
+            _validate_custom(d)
+
+
+def test_all_on_renders_every_feature(all_on_objects):
+    kinds = {d["kind"] for d in all_on_objects}
+    assert {"ServiceMonitor", "PodMonitor", "PrometheusRule", "RayService", "KopfPeering",
+            "Role", "NetworkPolicy", "PodDisruptionBudget"} <= kinds
+    assert "ClusterKopfPeering" not in kinds  # namespaced peering when namespaces are listed
+    assert {d["metadata"]["namespace"] for d in by_kind(all_on_objects, "KopfPeering")} == {"llm", "agents"}
+    # KubeRay replaces the Ray head Deployment and its Service.
+    assert not [d for d in by_kind(all_on_objects, "Deployment") if d["metadata"]["name"].endswith("-router")]
+    rs = one(all_on_objects, "RayService")
+    serve = yaml.safe_load(rs["spec"]["serveConfigV2"])
+    app = serve["applications"][0]
+    assert app["import_path"] == "anchorage.router.app:build_app"
+    assert app["args"]["policy"] == "prefix" and app["args"]["discovery"] == "kubernetes"
+    assert [g["groupName"] for g in rs["spec"]["rayClusterConfig"]["workerGroupSpecs"]] == ["workers"]
+    # Labels and the dashboards' namespace.
+    assert all(d["metadata"]["labels"]["team"] == "llm" for d in all_on_objects
+               if d["kind"] not in ("ClusterKopfPeering",))
+    for cm in [d for d in by_kind(all_on_objects, "ConfigMap") if "dashboard" in d["metadata"]["name"]]:
+        assert cm["metadata"]["namespace"] == "monitoring"
+        assert cm["metadata"]["annotations"]["grafana_folder"] == "LLM"
+    for kind in ("ServiceMonitor", "PodMonitor", "PrometheusRule"):
+        for d in by_kind(all_on_objects, kind):
+            assert d["metadata"]["labels"]["release"] == "kps"
+
+
+def test_monitoring_follows_capabilities():
+    auto = objects(render({}, api_versions=MONITORING_APIS))
+    assert {d["kind"] for d in auto} >= {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+    off = objects(render({"monitoring": {"serviceMonitors": False, "prometheusRule": False}},
+                         api_versions=MONITORING_APIS))
+    assert not {d["kind"] for d in off} & {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+    forced = objects(render({"monitoring": {"serviceMonitors": True, "prometheusRule": True}}))
+    assert {d["kind"] for d in forced} >= {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+
+
+def test_pdb_api_follows_capabilities(default_objects):
+    # Offline Helm serves policy/v1; the install test on Kubernetes 1.20 covers policy/v1beta1.
+    pdbs = by_kind(default_objects, "PodDisruptionBudget")
+    assert pdbs and {p["apiVersion"] for p in pdbs} == {"policy/v1"}
+    text = (CHART / "templates" / "_helpers.tpl").read_text()
+    assert 'policy/v1beta1' in text and '.Capabilities.APIVersions.Has "policy/v1"' in text
+
+
+def test_prometheusrule_is_the_rules_file(all_on_objects):
+    rule = one(all_on_objects, "PrometheusRule")
+    expected = yaml.safe_load((CHART / "rules" / "anchorage.rules.yaml").read_text())
+    assert rule["spec"] == expected
+    alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
+    assert {"AnchorageHitRateDrop", "AnchoragePolicyErrors", "AnchorageWarmupsWasted",
+            "AnchorageOperatorNotReconciling"} <= alerts
+
+
+def test_dashboard_configmaps(default_objects):
+    cms = {d["metadata"]["name"]: d for d in by_kind(default_objects, "ConfigMap")}
+    for name in ("fleet", "policy", "router"):
+        cm = cms[f"{RELEASE}-anchorage-dashboard-{name}"]
+        assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+        (key, text), = cm["data"].items()
+        assert key == f"anchorage-{name}.json"
+        assert json.loads(text) == json.loads((CHART / "dashboards" / f"{name}.json").read_text())
+
+
+def test_crd_in_chart_is_the_manifests_crd():
+    src = REPO / "manifests" / "crd" / "agentcachepolicies.anchorage.dev.yaml"
+    copy = CHART / "crds" / "agentcachepolicies.anchorage.dev.yaml"
+    assert src.exists(), "manifests/crd/agentcachepolicies.anchorage.dev.yaml is missing"
+    assert copy.read_bytes() == src.read_bytes(), (
+        "charts/anchorage/crds/ differs from manifests/crd/: run "
+        "`cp manifests/crd/agentcachepolicies.anchorage.dev.yaml charts/anchorage/crds/`")
+
+
+def test_crds_are_valid_crds():
+    need_module("kubernetes_validate")
+    docs = [d for f in crd_files() for d in yaml.safe_load_all(f.read_text()) if d]
+    assert {d["metadata"]["name"] for d in docs} == {
+        "agentcachepolicies.anchorage.dev", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"}
+    assert _k8s_validate(docs) == 3
+
+
+# ---- operator RBAC: least privilege ------------------------------------------------------
+
+def _rules(obj: dict) -> set[tuple[str, str, str]]:
+    return {(g, r, v) for rule in obj["rules"] for g in rule["apiGroups"]
+            for r in rule["resources"] for v in rule["verbs"]}
+
+
+OPERATOR_NAMESPACED = {
+    *(("anchorage.dev", "agentcachepolicies", v) for v in ("get", "list", "watch", "patch")),
+    ("anchorage.dev", "agentcachepolicies/status", "get"),
+    ("anchorage.dev", "agentcachepolicies/status", "patch"),
+    *(("", "configmaps", v) for v in ("get", "list", "watch", "create", "patch", "update")),
+    ("", "events", "create"),
+    *(("apps", r, v) for r in ("deployments", "statefulsets") for v in ("get", "list", "watch")),
+    *(("apps", r, v) for r in ("deployments/scale", "statefulsets/scale") for v in ("get", "patch", "update")),
+}
+CRD_READ = {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("get", "list", "watch")}
+
+
+def test_operator_rbac_cluster_wide(default_objects):
+    cr = one(default_objects, "ClusterRole", "-operator")
+    assert _rules(cr) == (OPERATOR_NAMESPACED | CRD_READ
+                          | {("", "namespaces", "list"), ("", "namespaces", "watch")}
+                          | {("kopf.dev", "clusterkopfpeerings", v) for v in ("get", "list", "watch", "patch")})
+    crb = one(default_objects, "ClusterRoleBinding", "-operator")
+    assert crb["subjects"] == [{"kind": "ServiceAccount", "name": f"{RELEASE}-anchorage-operator",
+                                "namespace": NAMESPACE}]
+    dep = one(default_objects, "Deployment", "-operator")
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[0] == "operator" and "--all-namespaces" in args and "--peering=anchorage" in args
+
+
+def test_operator_rbac_namespaced(all_on_objects):
+    cr = one(all_on_objects, "ClusterRole", "-operator")
+    assert _rules(cr) == CRD_READ  # nothing else cluster-wide
+    roles = [r for r in by_kind(all_on_objects, "Role") if r["metadata"]["name"].endswith("-operator")]
+    assert {r["metadata"]["namespace"] for r in roles} == {"llm", "agents"}
+    for r in roles:
+        assert _rules(r) == OPERATOR_NAMESPACED | {("kopf.dev", "kopfpeerings", v)
+                                                   for v in ("get", "list", "watch", "patch")}
+    args = one(all_on_objects, "Deployment", "-operator")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--namespace=llm" in args and "--namespace=agents" in args and "--all-namespaces" not in args
+
+
+def test_no_wildcards_and_no_secrets_access(all_on_objects, default_objects):
+    for d in all_on_objects + default_objects:
+        if d["kind"] in ("Role", "ClusterRole"):
+            for g, r, v in _rules(d):
+                assert "*" not in (g, r, v), d["metadata"]["name"]
+                assert r != "secrets", d["metadata"]["name"]
+
+
+def test_router_rbac_reads_endpoints_only(default_objects):
+    role = one(default_objects, "Role", "-router")
+    assert _rules(role) == {("discovery.k8s.io", "endpointslices", v) for v in ("get", "list", "watch")} | \
+        {("", "endpoints", v) for v in ("get", "list", "watch")}
+    static = objects(render({"router": {"discovery": {"mode": "static",
+                                                      "staticReplicas": ["http://10.0.0.1:8000"]}}}))
+    assert not [r for r in by_kind(static, "Role") if r["metadata"]["name"].endswith("-router")]
+    sa = one(static, "ServiceAccount", "-router")
+    assert sa["automountServiceAccountToken"] is False
+
+
+# ---- the model pods -------------------------------------------------------------------------
+
+KV_EVENTS = ('{"enable_kv_cache_events":true,"publisher":"zmq",'
+             '"endpoint":"ipc:///run/anchorage/kv.ipc","topic":"kv"}')
+
+
+def _containers(dep: dict) -> dict[str, dict]:
+    return {c["name"]: c for c in dep["spec"]["template"]["spec"]["containers"]}
+
+
+def _env(c: dict) -> dict:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in c.get("env", [])}
+
+
+def test_model_pod_wiring(all_on_objects):
+    dep = one(all_on_objects, "Deployment", "-llama-70b")
+    spec = dep["spec"]["template"]["spec"]
+    c = _containers(dep)
+    assert set(c) == {"vllm", "node-agent"}
+    vllm, agent = c["vllm"], c["node-agent"]
+    args = vllm["args"]
+    assert args[0] == "org/llama-70b"
+    assert "--tensor-parallel-size=2" in args and "--enable-prefix-caching" in args
+    assert "--max-model-len=32768" in args and "--max-num-seqs=64" in args
+    i = args.index("--kv-events-config")
+    assert json.loads(args[i + 1]) == json.loads(KV_EVENTS) and args[i + 1] == KV_EVENTS
+    assert vllm["resources"]["limits"]["nvidia.com/gpu"] == 2
+    assert vllm["resources"]["requests"]["nvidia.com/gpu"] == 2
+    env = _env(vllm)
+    assert env["ANCHORAGE_POLICY"] == "hybrid" and env["ANCHORAGE_SCHEDULER"] == "prefix-aware"
+    assert env["VLLM_PLUGINS"] == "anchorage"
+    assert env["HF_TOKEN"] == {"secretKeyRef": {"name": "hf", "key": "token"}}
+    # ANCHORAGE_CONFIG points into the operator ConfigMap's mount, in both containers.
+    mounts = {m["name"]: m["mountPath"] for m in vllm["volumeMounts"]}
+    cfg_dir = mounts["anchorage-config"]
+    assert env["ANCHORAGE_CONFIG"].startswith(cfg_dir + "/")
+    assert _env(agent)["ANCHORAGE_CONFIG"] == env["ANCHORAGE_CONFIG"]
+    vols = {v["name"]: v for v in spec["volumes"]}
+    assert vols["anchorage-config"]["configMap"]["optional"] is True
+    assert vols["model-cache"]["persistentVolumeClaim"]["claimName"] == "weights"
+    # The KV events socket lives in an emptyDir both containers mount at /run/anchorage.
+    assert "emptyDir" in vols["anchorage-run"]
+    for cont in (vllm, agent):
+        assert {"name": "anchorage-run", "mountPath": "/run/anchorage"} in cont["volumeMounts"]
+    assert agent["args"][0] == "node-agent"
+    assert "--kv-events=ipc:///run/anchorage/kv.ipc" in agent["args"]
+    assert "--engine-url=http://127.0.0.1:8000" in agent["args"]
+    assert "--no-warmup" in agent["args"]
+    assert {p["name"] for p in agent["ports"]} == {"agent"}
+    # Fixed replicas when the policy does not autoscale; none (operator-owned) when it does.
+    assert dep["spec"]["replicas"] == 2
+    assert "replicas" not in one(all_on_objects, "Deployment", "-qwen-7b")["spec"]
+
+
+def test_agentcachepolicy_targets_its_deployment(all_on_objects):
+    acps = {a["metadata"]["name"]: a for a in by_kind(all_on_objects, "AgentCachePolicy")}
+    qwen = acps[f"{RELEASE}-anchorage-qwen-7b"]["spec"]
+    assert qwen["targetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
+                                 "name": f"{RELEASE}-anchorage-qwen-7b"}
+    assert qwen["policy"] == {"name": "cachewise"}
+    assert qwen["metrics"]["selector"] == 'namespace="llm",model_name="qwen"'
+    assert qwen["autoscaling"]["maxReplicas"] == 6 and qwen["tuning"]["enabled"] is True
+
+
+def test_security_contexts(all_on_objects, default_objects):
+    for docs in (default_objects, all_on_objects):
+        pods = [deep(d, "spec", "template", "spec") for d in docs if d["kind"] == "Deployment"]
+        rs = by_kind(docs, "RayService")
+        if rs:
+            rcc = rs[0]["spec"]["rayClusterConfig"]
+            pods.append(rcc["headGroupSpec"]["template"]["spec"])
+            pods += [g["template"]["spec"] for g in rcc["workerGroupSpecs"]]
+        assert pods
+        for pod in pods:
+            assert pod["securityContext"]["runAsNonRoot"] is True
+            for c in pod["containers"]:
+                sc = c["securityContext"]
+                assert sc["allowPrivilegeEscalation"] is False
+                assert sc["readOnlyRootFilesystem"] is True
+                assert sc["capabilities"]["drop"] == ["ALL"]
+                for e in c.get("env", []):
+                    if any(s in e["name"] for s in ("TOKEN", "SECRET", "PASSWORD", "KEY")):
+                        assert "value" not in e, f"{c['name']}: {e['name']} must come from a Secret"
+
+
+def test_network_policies(default_objects):
+    models = one(default_objects, "NetworkPolicy", "-models")
+    ingress = models["spec"]["ingress"]
+    api = [r for r in ingress if {"port": "http", "protocol": "TCP"} in r["ports"] and
+           any("podSelector" in p for p in r["from"])][0]
+    assert api["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "router"
+    assert len(api["from"]) == 1
+    operator = one(default_objects, "NetworkPolicy", "-operator")
+    assert operator["spec"]["ingress"][0]["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    assert "namespaceSelector" in operator["spec"]["ingress"][0]["from"][0]
+    assert not objects(render({"networkPolicy": {"enabled": False}})) or \
+        not by_kind(objects(render({"networkPolicy": {"enabled": False}})), "NetworkPolicy")
+
+
+def test_router_deployment(default_objects):
+    dep = one(default_objects, "Deployment", "-router")
+    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    assert c["args"][:2] == ["router", "--host=0.0.0.0"]
+    assert "--policy=agent" in c["args"] and "--discovery=kubernetes" in c["args"]
+    assert f"--discovery-selector=app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=model" in c["args"]
+    svc = one(default_objects, "Service", "-router")
+    assert svc["spec"]["ports"][0]["targetPort"] == "http"
+    # The model Services carry the labels the router's discovery selects on.
+    msvc = one(default_objects, "Service", "-llama-8b")
+    assert msvc["metadata"]["labels"]["app.kubernetes.io/component"] == "model"
+    assert msvc["metadata"]["labels"]["app.kubernetes.io/instance"] == RELEASE
+
+
+def test_notes_tell_how_to_reach_router_and_dashboards():
+    notes = render({})["anchorage/templates/NOTES.txt"]
+    assert f"port-forward svc/{RELEASE}-anchorage-router 8000:8000" in notes
+    assert "grafana_dashboard=1" in notes and "Fleet, Policy and Router" in notes
+    kuberay = render({"router": {"kuberay": {"enabled": True}}})["anchorage/templates/NOTES.txt"]
+    assert f"{RELEASE}-anchorage-router-serve-svc" in kuberay
+
+
+# ---- values.schema.json ------------------------------------------------------------------
+
+BAD_VALUES = [
+    ({"router": {"policy": "fastest"}}, "/router/policy"),
+    ({"models": [model("Bad_Name")]}, "/models/0/name"),
+    ({"models": [model("a", tensorParallelSize=0)]}, "/models/0/tensorParallelSize"),
+    ({"models": [model("a", policy="mru")]}, "/models/0/policy"),
+    ({"models": [model("a", vllmPlugins="other")]}, "/models/0/vllmPlugins"),
+    ({"models": [model("a", blockSize=24)]}, "/models/0/blockSize"),
+    ({"models": [{"name": "a", "image": {"repository": "r", "tag": "t"}}]}, "model"),
+    ({"models": [model("a", agentCachePolicy={"enabled": True, "spec": {"targetRef": {"name": "x"}}})]},
+     "/models/0/agentCachePolicy/spec"),
+    ({"operator": {"replicas": 2}}, "replicas"),
+    ({"operator": {"logLevel": "verbose"}}, "/operator/logLevel"),
+    ({"router": {"discovery": {"mode": "static"}}}, "/router/discovery/staticReplicas"),
+    ({"router": {"port": 70000}}, "/router/port"),
+    ({"monitoring": {"serviceMonitors": "yes"}}, "/monitoring/serviceMonitors"),
+    ({"monitoring": {"prometheusURL": "prometheus:9090"}}, "/monitoring/prometheusURL"),
+    ({"nodeAgent": {"accessLogSampleRate": 2}}, "/nodeAgent/accessLogSampleRate"),
+    ({"routerr": {}}, "routerr"),
+]
+
+
+@pytest.mark.parametrize("values,where", BAD_VALUES, ids=[w for _, w in BAD_VALUES])
+def test_schema_rejects_invalid_values(values, where):
+    need_module("helm_python", "helm-python-sdk")
+    from helm_python import Chart, HelmValuesError
+
+    chart = Chart.load(str(CHART))
+    with pytest.raises(HelmValuesError) as exc:
+        chart.render(values, name=RELEASE, namespace=NAMESPACE)
+    msg = str(exc.value)
+    assert "schema" in msg and where in msg, msg
+
+
+def test_duplicate_model_names_rejected():
+    from helm_python import Chart, HelmRenderError
+
+    chart = Chart.load(str(CHART))
+    with pytest.raises(HelmRenderError) as exc:
+        chart.render({"models": [model("a"), model("a")]}, name=RELEASE, namespace=NAMESPACE)
+    assert 'the name "a" is used twice' in str(exc.value)
+
+
+def test_values_documented_field_by_field():
+    """Every leaf of values.yaml has a comment line right above it or above its parent
+    block (the schema's properties mirror values.yaml, so no field goes undocumented)."""
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load("\n".join(lines))
+
+    def keys(v, s, path=""):
+        assert s.get("additionalProperties") is False or "properties" not in s or path == "", path
+        for k, sub in v.items():
+            p = f"{path}.{k}" if path else k
+            props = s.get("properties", {})
+            assert k in props, f"values.yaml key {p} is not in values.schema.json"
+            if isinstance(sub, dict) and props[k].get("properties"):
+                keys(sub, props[k], p)
+    keys(values, schema)
+    undocumented = []
+    for i, line in enumerate(lines):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#") or stripped.startswith("- {") or ":" not in stripped:
+            continue
+        key = stripped.lstrip("- ").split(":")[0]
+        if not key or " " in key:
+            continue
+        prev = lines[i - 1].strip() if i else ""
+        indent = len(line) - len(line.lstrip())
+        if prev.startswith("#") or prev.startswith("- #"):
+            continue
+        # A field inside a documented inline map (e.g. resources' requests/limits) is fine.
+        parent = next((lines[j] for j in range(i - 1, -1, -1)
+                       if lines[j].strip() and not lines[j].strip().startswith("#")
+                       and len(lines[j]) - len(lines[j].lstrip()) < indent), "")
+        if parent.strip().rstrip(":") in ("resources", "requests", "limits", "podSecurityContext",
+                                          "containerSecurityContext", "seccompProfile", "capabilities",
+                                          "monitoringNamespaceSelector", "matchLabels", "spec", "policy",
+                                          "routing", "autoscaling", "tolerations"):
+            continue
+        undocumented.append(f"{i + 1}: {stripped}")
+    assert not undocumented, "values.yaml fields without a comment:\n" + "\n".join(undocumented)
