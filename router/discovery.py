@@ -85,6 +85,7 @@ class KubernetesSource:
                 if cur != last:
                     on_change(cur)
                     last = cur
+                started = time.monotonic()
                 for ev in self.api.watch(self.namespace, self.selector, rv, self.watch_timeout_s):
                     if self._stop.is_set():
                         return
@@ -99,6 +100,8 @@ class KubernetesSource:
                     if cur != last:
                         on_change(cur)
                         last = cur
+                if time.monotonic() - started < 1.0:   # a watch that ends at once: no hot loop
+                    self._stop.wait(1.0)
             except Exception as exc:  # noqa: BLE001 - keep the router alive; retry
                 log.warning("replica discovery failed (%s); retrying", exc)
                 self._stop.wait(1.0)

@@ -123,17 +123,23 @@ def test_every_replica_saturated_gives_429_with_retry_after(router, cluster):
     assert [b["status"] for b in out["bg"]] == [200, 200, 200]
 
 
-@pytest.mark.parametrize("kwargs, status, msg", [
+BAD_REQUESTS = [
     ({"content": b"{not json"}, 400, "not valid JSON"),
     ({"json": [1, 2]}, 400, "JSON object"),
     ({"json": {"model": "tiny"}}, 400, "'prompt' is required"),
     ({"json": {"prompt": "x", "anchorage": {"agnet": "a"}}}, 400, "unknown anchorage metadata"),
+    ({"json": {"prompt": {"x": 1}}}, 400, "string or a list of token ids"),
     ({"json": {"prompt": "x" * 5000}}, 413, "limit is 4096"),
-])
-def test_bad_requests_get_clear_4xx(router, kwargs, status, msg):
+]
+
+
+def test_bad_requests_get_clear_4xx(router):
     ns = router(max_body_bytes=4096)
-    r = ns("http", "POST", "/v1/completions", **kwargs)
-    assert r["status"] == status and msg in json.loads(r["text"])["error"]["message"], r
+    for kwargs, status, msg in BAD_REQUESTS:
+        r = ns("http", "POST", "/v1/completions", **kwargs)
+        assert r["status"] == status and msg in json.loads(r["text"])["error"]["message"], r
+    assert metric(ns, "anchorage_router_rejected_total", reason="invalid_request") == 5
+    assert sum(len(ns("upstream_requests", n)) for n in ns("upstream_names")) == 0
 
 
 def test_models_healthz_and_ejection_of_a_dead_replica(router, cluster):

@@ -1,0 +1,88 @@
+"""The shared routing state without Ray: admission, ejection, readmission, metrics."""
+
+import asyncio
+
+import httpx
+import pytest
+
+from anchorage.policies.base import RequestContext
+from anchorage.router.config import RouterConfig
+from anchorage.router.state import RoutingState, parse_vllm_gauges
+
+URLS = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+
+
+def ctx(i=0, session=None):
+    return RequestContext(request_id=i, keys=[1, 2, 3], input_length=48, session_id=session)
+
+
+def state(**kw):
+    return RoutingState(RouterConfig(replicas=URLS, **kw).validate())
+
+
+def test_admission_saturates_then_frees():
+    s = state(policy="round_robin", max_inflight_per_replica=1)
+    a, b = s.pick(ctx()), s.pick(ctx())
+    assert {a["replica"], b["replica"]} == {0, 1}
+    assert s.pick(ctx()) == {"status": "saturated", "retry_after_s": 1}
+    s.finish(ctx(), a["replica"], "ok", {"prompt_tokens": 48,
+                                         "prompt_tokens_details": {"cached_tokens": 32}}, 16)
+    assert s.pick(ctx())["replica"] == a["replica"]
+    text = s.metrics_text().decode()
+    assert 'anchorage_router_observed_cached_tokens_total{replica="http://127.0.0.1:1"} 32.0' in text
+    assert 'anchorage_router_predicted_cached_tokens_total{replica="http://127.0.0.1:1"} 16.0' in text
+    assert 'outcome="ok",policy="round_robin",replica="http://127.0.0.1:1"' in text
+
+
+def test_passive_failures_eject_and_exclusion_retries_elsewhere():
+    s = state(policy="round_robin", eject_after_failures=2)
+    for _ in range(2):
+        d = s.pick(ctx(), exclude=[1])
+        assert d["replica"] == 0
+        s.finish(ctx(), 0, "connect_error")
+    assert [u["healthy"] for u in s.snapshot()] == [False, True]
+    assert s.pick(ctx(), exclude=[1]) == {"status": "unavailable"}
+    assert "anchorage_router_ejections_total" in s.metrics_text().decode()
+
+
+def test_probes_readmit_and_read_vllm_gauges():
+    s = state(policy="least_loaded", eject_after_failures=1)
+    s.finish(ctx(), 0, "upstream_error")
+    assert not s.snapshot()[0]["healthy"]
+
+    def handler(request):
+        if request.url.path == "/health":
+            return httpx.Response(200 if request.url.port == 1 else 503)
+        return httpx.Response(200, text='vllm:num_requests_waiting{engine="0"} 3.0\n'
+                                        'vllm:kv_cache_usage_perc{engine="0"} 0.5\n')
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as c:
+            await s.probe_once(c)
+    asyncio.run(go())
+    snap = s.snapshot()
+    assert snap[0]["healthy"] and snap[0]["waiting"] == 3 and snap[0]["kv_usage"] == 0.5
+    assert not snap[1]["healthy"]           # 503 probe counts as a failure
+
+
+def test_membership_changes_keep_stable_ids():
+    s = state(policy="agent")
+    s.set_replicas(URLS[1:] + ["http://127.0.0.1:3"])
+    assert [(u["id"], u["url"]) for u in s.snapshot()] == [(1, URLS[1]), (2, "http://127.0.0.1:3")]
+    assert s.pick(ctx(session="x"))["replica"] in (1, 2)
+
+
+def test_parse_vllm_gauges_ignores_other_series():
+    assert parse_vllm_gauges("# HELP x\nvllm:num_requests_waiting 2\nvllm:other 9\n"
+                             'vllm:kv_cache_usage_perc{a="b"} 0.1\n') == {"waiting": 2.0, "kv_usage": 0.1}
+
+
+@pytest.mark.parametrize("kw, msg", [
+    ({"replicas": []}, "at least one replica"),
+    ({"replicas": ["10.0.0.1:8000"]}, "http://"),
+    ({"policy": "nope"}, "unknown router"),
+    ({"discovery": "dns"}, "discovery must be"),
+])
+def test_config_errors_are_clear(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        RouterConfig(**{"replicas": URLS, **kw}).validate()
