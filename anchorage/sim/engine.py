@@ -168,6 +168,7 @@ class Replica:
         budget = p.max_num_batched_tokens
         items: list[tuple[SimRequest, int, bool]] = []
         running = self.running
+        bs = self.bs
         preempted = False
         i = 0
         while i < len(running) and budget > 0:
@@ -175,7 +176,8 @@ class Replica:
             prefilling = r.num_computed < r.prefill_target
             n = min(r.prefill_target - r.num_computed, budget) if prefilling else 1
             fits = True
-            while not self.pool.grow(r.alloc, r.num_computed + n):
+            while (r.num_computed + n > len(r.alloc.blocks) * bs
+                   and not self.pool.grow(r.alloc, r.num_computed + n)):
                 victim = running.pop()
                 self._preempt(victim, now)
                 preempted = True

@@ -1,0 +1,216 @@
+"""Timed cluster simulation near saturation: mean TTFT and peak throughput per policy.
+
+Setup (issue 3's timed target): 4 replicas of ``h200-llama3-8b`` behind ``round_robin``,
+a closed-loop multi-agent workload from the generator (``selector`` topology, 6 agents,
+seeded): each session's next turn arrives when its previous turn completed plus the tool
+time (or think time). The load is swept by compressing session start times
+(``time_scale``: session arrival rate x 1/scale, so about ``concurrency / scale`` sessions
+run at once). For each load and policy the simulator reports turns/s and TTFT.
+
+- Peak throughput of a policy = the highest turns/s over the sweep.
+- Saturation load = the lightest load of the sweep where ``lru`` reaches 95 % of its own
+  peak throughput (the knee); mean TTFT is compared there ("near saturation").
+- Target (issue 3): ``hybrid`` mean TTFT >= 30 % lower and peak throughput >= 20 % higher
+  than ``lru``. The table prints the measured ratios for every policy.
+
+Usage::
+
+    .venv/bin/python bench/bench_timed.py [--quick] [--policies lru,arc,...]
+        [--scales 2,1,0.5,0.33,0.25] [--sessions 400] [--jobs 2]
+        [--topology selector] [--seed 1] [--out bench/results/timed.json]
+
+Warm-up: requests arriving in the first 10 % of each run's session-start span are run
+but not measured. Runs are deterministic for a seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from anchorage.policies.registry import policy_names  # noqa: E402
+from anchorage.sim.cluster import TimedConfig, run_timed  # noqa: E402
+from anchorage.sim.profiles import get_profile  # noqa: E402
+from anchorage.sim.replay import make_contexts  # noqa: E402
+
+DEFAULT_POLICIES = ["lru", "arc", "s3fifo", "lfu", "ttl", "infercept", "cachescout",
+                    "cachewise", "hybrid"]
+_WL: dict = {}
+
+
+def workload(topology: str, sessions: int, seed: int, concurrency: float):
+    key = (topology, sessions, seed, concurrency)
+    if key not in _WL:
+        from anchorage.trace.generate import generate
+        _, recs = generate(topology, 6, sessions, seed, concurrency=concurrency)
+        _WL[key] = (recs, make_contexts(recs))
+    return _WL[key]
+
+
+def one_run(job: dict) -> dict:
+    recs, ctxs = workload(job["topology"], job["sessions"], job["seed"], job["concurrency"])
+    span = max(r.timestamp for r in recs) / 1000.0 * job["scale"]
+    cfg = TimedConfig(get_profile(job["profile"]), replicas=job["replicas"], mode="closed",
+                      time_scale=job["scale"], warmup_s=0.1 * span)
+    t0 = time.perf_counter()
+    try:
+        res = run_timed(recs, ctxs, cfg, job["policy"], job["router"])
+    except Exception as exc:  # a policy that crashes is reported, not fatal
+        return {**job, "error": f"{type(exc).__name__}: {exc}"}
+    res.pop("per_replica_detail", None)
+    return {**job, **res, "wall_s": time.perf_counter() - t0}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--policies", default=None,
+                    help="comma-separated (default: every registered one of "
+                         + ",".join(DEFAULT_POLICIES) + ")")
+    ap.add_argument("--scales", default="2,1,0.5,0.35,0.25",
+                    help="session start-time scales, light to heavy load")
+    ap.add_argument("--sessions", type=int, default=400)
+    ap.add_argument("--concurrency", type=float, default=64.0,
+                    help="generator's nominal concurrent sessions at scale 1")
+    ap.add_argument("--topology", default="selector")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--replicas", type=int, default=4)
+    ap.add_argument("--router", default="round_robin")
+    ap.add_argument("--profile", default="h200-llama3-8b")
+    ap.add_argument("--jobs", type=int, default=1, help="parallel worker processes")
+    ap.add_argument("--quick", action="store_true", help="120 sessions, 3 loads")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "timed.json"))
+    args = ap.parse_args()
+    if args.quick:
+        args.sessions, args.scales = 120, "1,0.35,0.2"
+    known = policy_names()
+    if args.policies:
+        policies = [p for p in args.policies.split(",") if p]
+        bad = [p for p in policies if p not in known]
+        if bad:
+            print(f"unknown policies {bad}; known: {known}", file=sys.stderr)
+            return 2
+    else:
+        policies = [p for p in DEFAULT_POLICIES if p in known]
+    scales = [float(s) for s in args.scales.split(",")]
+    jobs = [dict(policy=p, scale=s, topology=args.topology, sessions=args.sessions,
+                 seed=args.seed, concurrency=args.concurrency, replicas=args.replicas,
+                 router=args.router, profile=args.profile)
+            for s in scales for p in policies]
+    t0 = time.perf_counter()
+    load_avg = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    if args.jobs > 1:
+        import multiprocessing as mp
+        with mp.get_context("fork").Pool(args.jobs) as pool:
+            runs = pool.map(one_run, jobs, chunksize=1)
+    else:
+        runs = []
+        for j in jobs:
+            runs.append(one_run(j))
+            r = runs[-1]
+            print(f"  scale {j['scale']:<5} {j['policy']:<11} "
+                  + (r["error"] if "error" in r else
+                     f"{r['throughput_rps']:.2f} turns/s  TTFT {r['ttft_mean_s']:.3f}s  "
+                     f"hit {r['hit_rate']:.1%}  ({r['wall_s']:.0f}s)"), flush=True)
+    summary = summarize(runs, policies, scales)
+    print(format_table(summary, args))
+    out = {
+        "bench": "timed", "profile": args.profile, "replicas": args.replicas,
+        "router": args.router, "topology": args.topology, "sessions": args.sessions,
+        "seed": args.seed, "concurrency": args.concurrency, "scales": scales,
+        "machine": platform.node(), "load_avg_start": load_avg,
+        "wall_s": time.perf_counter() - t0,
+        "saturation_scale": summary["saturation_scale"],
+        "policies": summary["policies"],
+        "runs": [{k: v for k, v in r.items() if k != "per_replica"} for r in runs],
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(clean(out), indent=1) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+def clean(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: clean(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [clean(v) for v in x]
+    return x
+
+
+def summarize(runs: list[dict], policies: list[str], scales: list[float]) -> dict:
+    by = {(r["policy"], r["scale"]): r for r in runs}
+    ok = lambda r: r is not None and "error" not in r  # noqa: E731
+    base = [by.get(("lru", s)) for s in scales]
+    sat = scales[-1]
+    if "lru" in policies and all(ok(r) for r in base):
+        peak = max(r["throughput_rps"] for r in base)
+        sat = next(s for s, r in zip(scales, base) if r["throughput_rps"] >= 0.95 * peak)
+    out = {}
+    lru_peak = lru_ttft = None
+    for p in policies:
+        rs = [by.get((p, s)) for s in scales]
+        if not all(ok(r) for r in rs):
+            err = next(r["error"] for r in rs if r is not None and "error" in r)
+            out[p] = {"error": err}
+            continue
+        at = by[(p, sat)]
+        out[p] = {
+            "peak_throughput_rps": max(r["throughput_rps"] for r in rs),
+            "ttft_mean_s": at["ttft_mean_s"], "ttft_p90_s": at["ttft_p90_s"],
+            "ttft_p99_s": at["ttft_p99_s"], "hit_rate": at["hit_rate"],
+            "latency_mean_s": at["latency_mean_s"],
+            "session_time_mean_s": at["session_time_mean_s"],
+            "throughput_rps": at["throughput_rps"],
+            "ttft_mean_by_scale": {str(s): r["ttft_mean_s"] for s, r in zip(scales, rs)},
+            "throughput_by_scale": {str(s): r["throughput_rps"] for s, r in zip(scales, rs)},
+        }
+        if p == "lru":
+            lru_peak, lru_ttft = out[p]["peak_throughput_rps"], out[p]["ttft_mean_s"]
+    for p, d in out.items():
+        if "error" in d or lru_peak is None:
+            continue
+        d["ttft_reduction_vs_lru"] = 1.0 - d["ttft_mean_s"] / lru_ttft if lru_ttft else None
+        d["peak_gain_vs_lru"] = d["peak_throughput_rps"] / lru_peak - 1.0
+        if p == "hybrid":
+            d["target_met"] = (d["ttft_reduction_vs_lru"] >= 0.30
+                               and d["peak_gain_vs_lru"] >= 0.20)
+    return {"saturation_scale": sat, "policies": out}
+
+
+def format_table(summary: dict, args) -> str:
+    sat = summary["saturation_scale"]
+    head = (f"{'policy':<12}{'hit rate':>9}{'TTFT mean':>11}{'p90':>9}{'p99':>9}"
+            f"{'turns/s':>9}{'peak/s':>9}{'TTFT vs lru':>13}{'peak vs lru':>13}")
+    lines = [f"timed: {args.replicas} x {args.profile}, {args.router}, {args.topology} "
+             f"closed-loop, {args.sessions} sessions; near saturation = scale {sat}", head,
+             "-" * len(head)]
+    for p, d in summary["policies"].items():
+        if "error" in d:
+            lines.append(f"{p:<12}error: {d['error']}")
+            continue
+        red = d.get("ttft_reduction_vs_lru")
+        gain = d.get("peak_gain_vs_lru")
+        lines.append(
+            f"{p:<12}{d['hit_rate']:>9.1%}{d['ttft_mean_s']:>10.3f}s{d['ttft_p90_s']:>8.3f}s"
+            f"{d['ttft_p99_s']:>8.3f}s{d['throughput_rps']:>9.2f}{d['peak_throughput_rps']:>9.2f}"
+            f"{'' if red is None else format(-red, '+.1%'):>13}"
+            f"{'' if gain is None else format(gain, '+.1%'):>13}"
+            + ("  target met" if d.get("target_met") else
+               "  target missed" if "target_met" in d else ""))
+    lines.append("target (issue 3): hybrid TTFT <= -30 % and peak >= +20 % vs lru")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
