@@ -265,3 +265,48 @@ def test_no_policy_reads_ground_truth():
         src = inspect.getsource(m)
         code = src.split('"""', 2)[2]  # after the module docstring
         assert "agent_truth" not in code and "tool_duration" not in code, m.__name__
+
+
+# -- property-based: any interleaving keeps the pool consistent ------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_op = st.one_of(
+    st.tuples(st.just("req"), st.integers(0, 3), st.integers(1, 6), st.booleans(),
+              st.floats(0, 5)),
+    st.tuples(st.just("free"), st.integers(0, 10)),
+    st.tuples(st.just("grow"), st.integers(0, 10), st.integers(1, 12)),
+)
+
+
+@pytest.mark.parametrize("name", BASELINES)
+@settings(max_examples=40, deadline=None)
+@given(ops=st.lists(_op, min_size=1, max_size=60))
+def test_property_any_interleaving(name, ops):
+    pool = BlockPool(10, BS, make_policy(name, block_size=BS))
+    running, t = [], 0.0
+    for i, op in enumerate(ops):
+        if op[0] == "req":
+            _, family, depth, sess, dt = op
+            t += dt
+            keys = [(family, j) for j in range(depth)]
+            c = RequestContext(request_id=i, keys=keys, input_length=depth * BS, now_s=t,
+                               session_id=f"s{family}" if sess else None)
+            a = pool.allocate(c)
+            if a is not None:
+                running.append(a)
+        elif op[0] == "free" and running:
+            a = running.pop(op[1] % len(running))
+            a.ctx.now_s = t
+            pool.free(a)
+        elif op[0] == "grow" and running:
+            a = running[op[1] % len(running)]
+            n = a.ctx.input_length + op[2]
+            if pool.grow(a, n):
+                pool.cache_generated_blocks(a, n)
+        pool.check_invariants()
+    for a in running:
+        pool.free(a)
+    pool.check_invariants()
+    assert pool.num_free_blocks == 10
