@@ -127,8 +127,12 @@ def test_all_on_renders_every_feature(all_on_objects):
     rs = one(all_on_objects, "RayService")
     serve = yaml.safe_load(rs["spec"]["serveConfigV2"])
     app = serve["applications"][0]
-    assert app["import_path"] == "anchorage.router.app:build_app"
-    assert app["args"]["policy"] == "prefix" and app["args"]["discovery"] == "kubernetes"
+    assert app["import_path"] == "anchorage.router.app:app_builder"
+    assert app["args"] == {"policy": "prefix", "policy_params": {"balance_abs": 8}, "block_size": 16,
+                           "max_body_bytes": 1048576, "max_inflight_per_replica": 64, "retries": 1,
+                           "discovery": "kubernetes", "k8s_namespace": NAMESPACE,
+                           "k8s_selector": f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=model",
+                           "k8s_port": 8000, "k8s_kind": "EndpointSlice"}
     assert [g["groupName"] for g in rs["spec"]["rayClusterConfig"]["workerGroupSpecs"]] == ["workers"]
     # Labels and the dashboards' namespace.
     assert all(d["metadata"]["labels"]["team"] == "llm" for d in all_on_objects
@@ -206,10 +210,9 @@ OPERATOR_NAMESPACED = {
     *(("anchorage.dev", "agentcachepolicies", v) for v in ("get", "list", "watch", "patch")),
     ("anchorage.dev", "agentcachepolicies/status", "get"),
     ("anchorage.dev", "agentcachepolicies/status", "patch"),
-    *(("", "configmaps", v) for v in ("get", "list", "watch", "create", "patch", "update")),
+    *(("", "configmaps", v) for v in ("get", "create", "update")),
     ("", "events", "create"),
-    *(("apps", r, v) for r in ("deployments", "statefulsets") for v in ("get", "list", "watch")),
-    *(("apps", r, v) for r in ("deployments/scale", "statefulsets/scale") for v in ("get", "patch", "update")),
+    *(("apps", r, v) for r in ("deployments/scale", "statefulsets/scale") for v in ("get", "patch")),
 }
 CRD_READ = {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("get", "list", "watch")}
 
@@ -224,7 +227,10 @@ def test_operator_rbac_cluster_wide(default_objects):
                                 "namespace": NAMESPACE}]
     dep = one(default_objects, "Deployment", "-operator")
     args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert args[0] == "operator" and "--all-namespaces" in args and "--peering=anchorage" in args
+    assert args[0] == "operator" and "--peering=anchorage" in args
+    assert not [a for a in args if a.startswith("--namespace")]  # all namespaces
+    env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["ANCHORAGE_OPERATOR_METRICS_PORT"] == "8080"
 
 
 def test_operator_rbac_namespaced(all_on_objects):
@@ -236,7 +242,12 @@ def test_operator_rbac_namespaced(all_on_objects):
         assert _rules(r) == OPERATOR_NAMESPACED | {("kopf.dev", "kopfpeerings", v)
                                                    for v in ("get", "list", "watch", "patch")}
     args = one(all_on_objects, "Deployment", "-operator")["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert "--namespace=llm" in args and "--namespace=agents" in args and "--all-namespaces" not in args
+    assert "--namespace=llm" in args and "--namespace=agents" in args and "--verbose" in args
+    # The arguments parse with the real `anchorage operator` command line.
+    from anchorage.cli import build_parser
+    parsed = build_parser().parse_args(args)
+    assert parsed.namespace == ["llm", "agents"] and parsed.peering == "anchorage"
+    assert parsed.liveness == "http://0.0.0.0:8081/healthz" and not parsed.standalone
 
 
 def test_no_wildcards_and_no_secrets_access(all_on_objects, default_objects):
@@ -256,6 +267,10 @@ def test_router_rbac_reads_endpoints_only(default_objects):
     assert not [r for r in by_kind(static, "Role") if r["metadata"]["name"].endswith("-router")]
     sa = one(static, "ServiceAccount", "-router")
     assert sa["automountServiceAccountToken"] is False
+    args = one(static, "Deployment", "-router")["spec"]["template"]["spec"]["containers"][0]["args"]
+    from anchorage.cli import build_parser
+    parsed = build_parser().parse_args(args)
+    assert parsed.discovery == "static" and parsed.replicas == "http://10.0.0.1:8000"
 
 
 # ---- the model pods -------------------------------------------------------------------------
@@ -361,9 +376,16 @@ def test_router_deployment(default_objects):
     dep = one(default_objects, "Deployment", "-router")
     assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
     c = dep["spec"]["template"]["spec"]["containers"][0]
-    assert c["args"][:2] == ["router", "--host=0.0.0.0"]
-    assert "--policy=agent" in c["args"] and "--discovery=kubernetes" in c["args"]
-    assert f"--discovery-selector=app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=model" in c["args"]
+    assert c["args"] == ["router", "--host=0.0.0.0", "--port=8000", "--policy=agent",
+                         "--policy-params={}", "--block-size=16", "--max-body-bytes=4194304",
+                         "--max-inflight-per-replica=64", "--retries=2", "--discovery=kubernetes",
+                         f"--k8s-namespace={NAMESPACE}",
+                         f"--k8s-selector=app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=model",
+                         "--k8s-port=8000", "--k8s-kind=EndpointSlice"]
+    # The same arguments parse with the real `anchorage router` command line.
+    from anchorage.cli import build_parser
+    args = build_parser().parse_args(c["args"])
+    assert args.policy == "agent" and args.k8s_kind == "EndpointSlice" and args.host == "0.0.0.0"
     svc = one(default_objects, "Service", "-router")
     assert svc["spec"]["ports"][0]["targetPort"] == "http"
     # The model Services carry the labels the router's discovery selects on.

@@ -60,7 +60,8 @@ anchorage.dev/model: {{ .model.name }}
 {{- default .name .servedModelName -}}
 {{- end -}}
 
-{{/* The ConfigMap the operator writes for one AgentCachePolicy (named after it). */}}
+{{/* The ConfigMap the operator writes for one AgentCachePolicy: `<policy name>-anchorage`
+(operator/config.py); the chart names the policy after the model's Deployment. */}}
 {{- define "anchorage.policyConfigMap" -}}
 {{- printf "%s-anchorage" (include "anchorage.modelFullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
@@ -96,12 +97,13 @@ policy/v1beta1
 {{- if not .Values.operator.watchNamespaces -}}true{{- end -}}
 {{- end -}}
 
-{{/* Key of the operator's ConfigMap holding the node agents' configuration. */}}
-{{- define "anchorage.policyConfigKey" -}}config.yaml{{- end -}}
+{{/* Data key of the operator's ConfigMap (operator/config.py DATA_KEY). */}}
+{{- define "anchorage.policyConfigKey" -}}anchorage.yaml{{- end -}}
 
-{{/* Only what the operator does: handle AgentCachePolicies (kopf patches finalizers,
-progress annotations and status), write the versioned ConfigMap, post Events, read and
-scale the target Deployment/StatefulSet through its scale subresource, and kopf peering. */}}
+{{/* Only what the operator does (operator/kube.py, handlers.py): kopf watches and patches
+AgentCachePolicies (finalizers, progress annotations, status) and posts Events; the
+operator reads/creates/replaces the versioned ConfigMap and reads/patches the target's
+scale subresource. Peering rules are added where the peering object lives. */}}
 {{- define "anchorage.operatorNamespacedRules" -}}
 - apiGroups: [anchorage.dev]
   resources: [agentcachepolicies]
@@ -111,16 +113,13 @@ scale the target Deployment/StatefulSet through its scale subresource, and kopf 
   verbs: [get, patch]
 - apiGroups: [""]
   resources: [configmaps]
-  verbs: [get, list, watch, create, patch, update]
+  verbs: [get, create, update]
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
 - apiGroups: [apps]
-  resources: [deployments, statefulsets]
-  verbs: [get, list, watch]
-- apiGroups: [apps]
   resources: [deployments/scale, statefulsets/scale]
-  verbs: [get, patch, update]
+  verbs: [get, patch]
 {{- end -}}
 
 {{/* The models list with modelDefaults filled in (an entry's own fields win; maps merge

@@ -5,27 +5,34 @@
 - --host=0.0.0.0
 - --port={{ $r.port }}
 - --policy={{ $r.policy }}
-- --serve-replicas={{ $r.serveReplicas }}
-- --max-request-bytes={{ int64 $r.maxRequestBytes }}
-- --upstream-timeout-s={{ $r.upstreamTimeoutSeconds }}
-- --num-cpus={{ $r.ray.numCpus }}
-{{- if $r.ray.objectStoreMemoryBytes }}
-- --object-store-memory={{ int64 $r.ray.objectStoreMemoryBytes }}
-{{- end }}
+- --policy-params={{ toJson $r.policyParams }}
+- --block-size={{ $r.blockSize }}
+- --max-body-bytes={{ int64 $r.maxBodyBytes }}
+- --max-inflight-per-replica={{ $r.maxInflightPerReplica }}
+- --retries={{ $r.retries }}
 {{- if eq $r.discovery.mode "kubernetes" }}
 - --discovery=kubernetes
-- --discovery-namespace={{ .Release.Namespace }}
-- --discovery-selector=app.kubernetes.io/instance={{ .Release.Name }},app.kubernetes.io/component=model
+- --k8s-namespace={{ .Release.Namespace }}
+- --k8s-selector={{ include "anchorage.modelDiscoverySelector" . }}
+- --k8s-port=8000
+- --k8s-kind={{ include "anchorage.discoveryKind" . }}
 {{- else }}
 - --discovery=static
-{{- range $r.discovery.staticReplicas }}
-- --replica={{ . }}
+- --replicas={{ join "," $r.discovery.staticReplicas }}
 {{- end }}
-{{- end }}
-- --config-dir=/etc/anchorage/models
 {{- range $r.extraArgs }}
 - {{ . | quote }}
 {{- end }}
+{{- end -}}
+
+{{/* Label selector of the model Services (their Endpoints/EndpointSlices carry it). */}}
+{{- define "anchorage.modelDiscoverySelector" -}}
+app.kubernetes.io/instance={{ .Release.Name }},app.kubernetes.io/component=model
+{{- end -}}
+
+{{/* EndpointSlice where discovery.k8s.io/v1 is served (1.21+), else Endpoints. */}}
+{{- define "anchorage.discoveryKind" -}}
+{{- if .Capabilities.APIVersions.Has "discovery.k8s.io/v1" -}}EndpointSlice{{- else -}}Endpoints{{- end -}}
 {{- end -}}
 
 {{- define "anchorage.routerEnv" -}}
@@ -40,7 +47,8 @@
 {{- end }}
 {{- end -}}
 
-{{/* Each model's policy ConfigMap (written by the operator) at /etc/anchorage/models/<model>/. */}}
+{{/* Each model's policy ConfigMap (written by the operator) at /etc/anchorage/models/<model>/
+(the issue's contract: the router mounts the effective configuration). */}}
 {{- define "anchorage.routerVolumeMounts" -}}
 - {name: tmp, mountPath: /tmp}
 - {name: dshm, mountPath: /dev/shm}
