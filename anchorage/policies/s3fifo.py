@@ -7,7 +7,7 @@ Inputs: block keys as they are cached, hit and evicted; the pool's capacity ``c`
 Parameters: ``small_frac`` = 0.1 (size of the small queue S as a fraction of ``c``),
 ``max_freq`` = 3 (a block's access counter saturates there), ``promote_freq`` = 1 (a block
 leaving S with at least this many hits since it was cached moves to M: "accessed at least
-once while in S"), ``ghost_frac`` = 0.9 (ghost queue G holds that fraction of ``c`` keys,
+once while in S", libCacheSim's ``move-to-main-threshold=1``), ``ghost_frac`` = 0.9 (ghost queue G holds that fraction of ``c`` keys,
 the size of M).
 
 - Caching a block under key ``k``: if ``k`` is in G it enters M's head, else S's head;
