@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import lzma
 import random
+import re
+from datetime import datetime, timezone
 import zlib
 from dataclasses import dataclass
 from typing import Any, Iterable
@@ -87,3 +89,18 @@ def need(obj: Any, key: str, kind: type | tuple[type, ...], path: str, where: st
         raise TraceError(path, line, f"{where}: field {key!r} has the wrong type "
                                      f"({type(v).__name__})")
     return v
+
+
+_FRACTION = re.compile(r"(\.\d{6})\d+")
+
+
+def iso_ms(text: str) -> float:
+    """Unix ms of an ISO-8601 timestamp (``Z`` suffix and 7-digit fractions accepted);
+    naive ones are read as UTC, so no local-time DST jump enters a trace."""
+    s = _FRACTION.sub(r"\1", text.strip())
+    if s.endswith("Z"):
+        s = s[:-1] + "+00:00"
+    dt = datetime.fromisoformat(s)
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return dt.timestamp() * 1000.0
