@@ -1,0 +1,159 @@
+"""Install and uninstall the chart on a real kube-apiserver 1.20 (+ etcd) on loopback
+(tests/support/k8s.py, binaries from scripts/k8s/build.sh): the CRDs, the operator's
+Deployment and least-privilege RBAC, policy/v1beta1 PodDisruptionBudgets (1.20 serves no
+policy/v1); an example AgentCachePolicy accepted, invalid ones rejected by the API server's
+schema validation; uninstall removes the release's objects. No scheduler or kubelet: pods
+stay Pending, so the test asserts on objects, not on readiness."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from tests.chart.conftest import CHART, NAMESPACE, RELEASE, model
+from tests.conftest import REPO, need, need_module
+
+GROUP, VERSION, PLURAL = "anchorage.dev", "v1alpha1", "agentcachepolicies"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    need_module("helm_python", "helm-python-sdk (pip install helm-python-sdk)")
+    need_module("kubernetes")
+    from tests.support import k8s
+
+    gone = k8s.missing()
+    need(not gone, f"Kubernetes 1.20 binaries ({', '.join(gone)})", k8s.BUILD_HINT)
+    c = k8s.LocalCluster(tmp_path_factory.mktemp("k8s"), controller_manager=False).start()
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="module")
+def api(cluster):
+    from kubernetes import client, config
+
+    return client.ApiClient(config.new_client_from_config(str(cluster.kubeconfig)).configuration)
+
+
+@pytest.fixture(scope="module")
+def release(cluster, api):
+    from helm_python import Config
+
+    helm = Config(kubeconfig_path=str(cluster.kubeconfig), namespace=NAMESPACE)
+    values = {"models": [model("llama-8b"), model("qwen-7b", policy="cachewise")]}
+    rel = helm.install(str(CHART), RELEASE, values, namespace=NAMESPACE,
+                       create_namespace=True, timeout=120)
+    yield helm, rel
+    helm.uninstall(RELEASE, ignore_not_found=True, timeout=120)
+
+
+def _acp(name: str, **spec) -> dict:
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "AgentCachePolicy",
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": {"targetRef": {"name": "llama"}, **spec}}
+
+
+def test_install_creates_operator_and_rbac(release, api):
+    from kubernetes import client
+
+    _, rel = release
+    apps, rbac = client.AppsV1Api(api), client.RbacAuthorizationV1Api(api)
+    op = apps.read_namespaced_deployment(f"{RELEASE}-anchorage-operator", NAMESPACE)
+    assert op.spec.template.spec.service_account_name == f"{RELEASE}-anchorage-operator"
+    assert op.spec.template.spec.containers[0].args[0] == "operator"
+    names = {d.metadata.name for d in apps.list_namespaced_deployment(NAMESPACE).items}
+    assert names == {f"{RELEASE}-anchorage-{n}" for n in ("operator", "router", "llama-8b", "qwen-7b")}
+    cr = rbac.read_cluster_role(f"{RELEASE}-anchorage-operator")
+    assert any("agentcachepolicies" in r.resources for r in cr.rules)
+    crb = rbac.read_cluster_role_binding(f"{RELEASE}-anchorage-operator")
+    assert crb.subjects[0].name == f"{RELEASE}-anchorage-operator"
+    rbac.read_namespaced_role(f"{RELEASE}-anchorage-router", NAMESPACE)
+    # Kubernetes 1.20 serves no policy/v1: the chart fell back to policy/v1beta1.
+    manifest = rel["manifest"] if "manifest" in rel else rel["release"]["manifest"]
+    pdbs = [d for d in yaml.safe_load_all(manifest) if d and d["kind"] == "PodDisruptionBudget"]
+    assert pdbs and {d["apiVersion"] for d in pdbs} == {"policy/v1beta1"}
+    # ... and no EndpointSlice v1: the router watches Endpoints.
+    router = apps.read_namespaced_deployment(f"{RELEASE}-anchorage-router", NAMESPACE)
+    assert "--k8s-kind=Endpoints" in router.spec.template.spec.containers[0].args
+
+
+def _can(api, verb: str, resource: str, *, group: str = "", namespace: str = NAMESPACE,
+         subresource: str = "") -> bool:
+    """Ask the API server's RBAC authorizer about the operator's service account."""
+    from kubernetes import client
+
+    review = client.V1SubjectAccessReview(spec=client.V1SubjectAccessReviewSpec(
+        user=f"system:serviceaccount:{NAMESPACE}:{RELEASE}-anchorage-operator",
+        groups=["system:serviceaccounts", f"system:serviceaccounts:{NAMESPACE}"],
+        resource_attributes=client.V1ResourceAttributes(
+            verb=verb, resource=resource, group=group, namespace=namespace,
+            subresource=subresource or None)))
+    return client.AuthorizationV1Api(api).create_subject_access_review(review).status.allowed
+
+
+def test_operator_rbac_is_least_privilege(release, api):
+    allowed = [("patch", "deployments", "apps", "scale"), ("get", "statefulsets", "apps", "scale"),
+               ("watch", "agentcachepolicies", GROUP, ""), ("patch", "agentcachepolicies", GROUP, "status"),
+               ("create", "configmaps", "", ""), ("update", "configmaps", "", ""),
+               ("create", "events", "", "")]
+    for verb, res, group, sub in allowed:
+        assert _can(api, verb, res, group=group, subresource=sub, namespace="other"), (verb, res, sub)
+    denied = [("get", "secrets", "", ""), ("delete", "configmaps", "", ""),
+              ("update", "deployments", "apps", ""), ("delete", "agentcachepolicies", GROUP, ""),
+              ("create", "pods", "", ""), ("patch", "deployments", "apps", "")]
+    for verb, res, group, sub in denied:
+        assert not _can(api, verb, res, group=group, subresource=sub), (verb, res, sub)
+
+
+def test_chart_policies_and_examples_accepted(release, api):
+    from kubernetes import client
+
+    co = client.CustomObjectsApi(api)
+    acps = co.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL)["items"]
+    by_name = {a["metadata"]["name"]: a for a in acps}
+    qwen = by_name[f"{RELEASE}-anchorage-qwen-7b"]
+    assert qwen["spec"]["policy"]["name"] == "cachewise"
+    assert qwen["spec"]["targetRef"]["name"] == f"{RELEASE}-anchorage-qwen-7b"
+    assert qwen["spec"]["autoscaling"]["cooldownSeconds"] == 60   # the CRD's default applied
+    for f in sorted((REPO / "manifests" / "examples").glob("*.yaml")):
+        for doc in yaml.safe_load_all(f.read_text()):
+            doc["metadata"]["namespace"] = NAMESPACE
+            co.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, doc)
+            co.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL,
+                                               doc["metadata"]["name"])
+
+
+@pytest.mark.parametrize("spec,field", [
+    ({"policy": {"name": "mru"}}, "spec.policy.name"),
+    ({"autoscaling": {"targetHitRate": 1.5}}, "spec.autoscaling.targetHitRate"),
+    ({"autoscaling": {"maxReplicas": 0}}, "spec.autoscaling.maxReplicas"),
+    ({"metrics": {"prometheusURL": "prometheus:9090"}}, "spec.metrics.prometheusURL"),
+])
+def test_invalid_policy_rejected_by_api_server(release, api, spec, field):
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    co = client.CustomObjectsApi(api)
+    with pytest.raises(ApiException) as exc:
+        co.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, _acp("bad", **spec))
+    assert exc.value.status == 422
+    assert field in json.loads(exc.value.body)["message"]
+
+
+def test_uninstall_removes_the_release(cluster, api, release):
+    from kubernetes import client
+
+    helm, _ = release
+    helm.uninstall(RELEASE, timeout=120)
+    apps, rbac = client.AppsV1Api(api), client.RbacAuthorizationV1Api(api)
+    assert apps.list_namespaced_deployment(NAMESPACE).items == []
+    assert not [r for r in rbac.list_cluster_role().items
+                if r.metadata.name.startswith(f"{RELEASE}-anchorage")]
+    co = client.CustomObjectsApi(api)
+    assert co.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL)["items"] == []
+    # Helm never deletes crds/: the CRD (and other releases' policies) survive.
+    ext = client.ApiextensionsV1Api(api)
+    assert ext.read_custom_resource_definition(f"{PLURAL}.{GROUP}").spec.group == GROUP
