@@ -280,3 +280,17 @@ def test_binary_plain_file(tmp_path):
     path.write_bytes(b"\xff\xfe\x00binary\x80\x81\n")
     with pytest.raises(TraceError, match="cannot read"):
         list(TraceReader(path))
+
+
+def test_docs_example_is_a_valid_trace(tmp_path):
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "trace-format.md").read_text()
+    block = doc.split("## Example", 1)[1].split("```json\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "example.jsonl"
+    path.write_text(block)
+    reader = TraceReader(path, check_order=True)
+    recs = list(reader)
+    assert reader.block_size == 16 and len(recs) == 4
+    assert recs[0].tool_name == "run_tests" and recs[3].tenant == "acme"
+    assert recs[2].hash_ids[:3] == recs[0].hash_ids
