@@ -3,12 +3,14 @@
 Setup (issue 3's timed target): 4 replicas of ``h200-llama3-8b`` behind ``round_robin``,
 a closed-loop multi-agent workload from the generator (``selector`` topology, 6 agents,
 seeded): each session's next turn arrives when its previous turn completed plus the tool
-time (or think time). The load is swept by compressing session start times
-(``time_scale``: session arrival rate x 1/scale, so about ``concurrency / scale`` sessions
-run at once). For each load and policy the simulator reports turns/s and TTFT.
+time (or think time). Load is swept as a closed system of N concurrent session slots
+(``TimedConfig.max_sessions``): a new session starts when one ends, so N is the number of
+agent sessions in flight. Each level runs ``sessions_per_slot x N`` sessions (at least
+``--min-sessions``); metrics cover the steady state (after the first 20 % of the window,
+until the last session start).
 
 - Peak throughput of a policy = the highest turns/s over the sweep.
-- Saturation load = the lightest load of the sweep where ``lru`` reaches 95 % of its own
+- Saturation load = the lightest N of the sweep where ``lru`` reaches 95 % of its own
   peak throughput (the knee); mean TTFT is compared there ("near saturation").
 - Target (issue 3): ``hybrid`` mean TTFT >= 30 % lower and peak throughput >= 20 % higher
   than ``lru``. The table prints the measured ratios for every policy.
@@ -16,11 +18,10 @@ run at once). For each load and policy the simulator reports turns/s and TTFT.
 Usage::
 
     .venv/bin/python bench/bench_timed.py [--quick] [--policies lru,arc,...]
-        [--scales 2,1,0.5,0.33,0.25] [--sessions 400] [--jobs 2]
+        [--slots 16,32,64,128,256] [--sessions-per-slot 3] [--jobs 2]
         [--topology selector] [--seed 1] [--out bench/results/timed.json]
 
-Warm-up: requests arriving in the first 10 % of each run's session-start span are run
-but not measured. Runs are deterministic for a seed.
+Runs are deterministic for a seed; a policy that raises is reported as an error row.
 """
 
 from __future__ import annotations
@@ -58,15 +59,13 @@ def workload(topology: str, sessions: int, seed: int, concurrency: float):
 
 def one_run(job: dict) -> dict:
     recs, ctxs = workload(job["topology"], job["sessions"], job["seed"], job["concurrency"])
-    span = max(r.timestamp for r in recs) / 1000.0 * job["scale"]
     cfg = TimedConfig(get_profile(job["profile"]), replicas=job["replicas"], mode="closed",
-                      time_scale=job["scale"], warmup_s=0.1 * span)
+                      time_scale=1e-3, max_sessions=job["slots"], warmup_frac=0.2)
     t0 = time.perf_counter()
     try:
         res = run_timed(recs, ctxs, cfg, job["policy"], job["router"])
     except Exception as exc:  # a policy that crashes is reported, not fatal
         return {**job, "error": f"{type(exc).__name__}: {exc}"}
-    res.pop("per_replica_detail", None)
     return {**job, **res, "wall_s": time.perf_counter() - t0}
 
 
@@ -75,22 +74,23 @@ def main() -> int:
     ap.add_argument("--policies", default=None,
                     help="comma-separated (default: every registered one of "
                          + ",".join(DEFAULT_POLICIES) + ")")
-    ap.add_argument("--scales", default="2,1,0.5,0.35,0.25",
-                    help="session start-time scales, light to heavy load")
-    ap.add_argument("--sessions", type=int, default=400)
+    ap.add_argument("--slots", default="16,32,64,128,256",
+                    help="concurrent session slots N, light to heavy load")
+    ap.add_argument("--sessions-per-slot", type=float, default=3.0)
+    ap.add_argument("--min-sessions", type=int, default=150)
     ap.add_argument("--concurrency", type=float, default=64.0,
-                    help="generator's nominal concurrent sessions at scale 1")
+                    help="generator's nominal concurrency (session overlap in its clock)")
     ap.add_argument("--topology", default="selector")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--replicas", type=int, default=4)
     ap.add_argument("--router", default="round_robin")
     ap.add_argument("--profile", default="h200-llama3-8b")
     ap.add_argument("--jobs", type=int, default=1, help="parallel worker processes")
-    ap.add_argument("--quick", action="store_true", help="120 sessions, 3 loads")
+    ap.add_argument("--quick", action="store_true", help="3 light loads, fewer sessions")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "timed.json"))
     args = ap.parse_args()
     if args.quick:
-        args.sessions, args.scales = 120, "1,0.35,0.2"
+        args.slots, args.sessions_per_slot, args.min_sessions = "8,24,48", 2.0, 40
     known = policy_names()
     if args.policies:
         policies = [p for p in args.policies.split(",") if p]
@@ -100,11 +100,12 @@ def main() -> int:
             return 2
     else:
         policies = [p for p in DEFAULT_POLICIES if p in known]
-    scales = [float(s) for s in args.scales.split(",")]
-    jobs = [dict(policy=p, scale=s, topology=args.topology, sessions=args.sessions,
+    scales = [int(s) for s in args.slots.split(",")]
+    jobs = [dict(policy=p, scale=n, slots=n, topology=args.topology,
+                 sessions=max(args.min_sessions, int(round(args.sessions_per_slot * n))),
                  seed=args.seed, concurrency=args.concurrency, replicas=args.replicas,
                  router=args.router, profile=args.profile)
-            for s in scales for p in policies]
+            for n in scales for p in policies]
     t0 = time.perf_counter()
     load_avg = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     if args.jobs > 1:
@@ -116,7 +117,7 @@ def main() -> int:
         for j in jobs:
             runs.append(one_run(j))
             r = runs[-1]
-            print(f"  scale {j['scale']:<5} {j['policy']:<11} "
+            print(f"  N={j['slots']:<5} {j['policy']:<11} "
                   + (r["error"] if "error" in r else
                      f"{r['throughput_rps']:.2f} turns/s  TTFT {r['ttft_mean_s']:.3f}s  "
                      f"hit {r['hit_rate']:.1%}  ({r['wall_s']:.0f}s)"), flush=True)
@@ -124,11 +125,12 @@ def main() -> int:
     print(format_table(summary, args))
     out = {
         "bench": "timed", "profile": args.profile, "replicas": args.replicas,
-        "router": args.router, "topology": args.topology, "sessions": args.sessions,
-        "seed": args.seed, "concurrency": args.concurrency, "scales": scales,
+        "router": args.router, "topology": args.topology,
+        "sessions_per_slot": args.sessions_per_slot, "min_sessions": args.min_sessions,
+        "seed": args.seed, "concurrency": args.concurrency, "slots": scales,
         "machine": platform.node(), "load_avg_start": load_avg,
         "wall_s": time.perf_counter() - t0,
-        "saturation_scale": summary["saturation_scale"],
+        "saturation_slots": summary["saturation_scale"],
         "policies": summary["policies"],
         "runs": [{k: v for k, v in r.items() if k != "per_replica"} for r in runs],
     }
@@ -172,8 +174,9 @@ def summarize(runs: list[dict], policies: list[str], scales: list[float]) -> dic
             "latency_mean_s": at["latency_mean_s"],
             "session_time_mean_s": at["session_time_mean_s"],
             "throughput_rps": at["throughput_rps"],
-            "ttft_mean_by_scale": {str(s): r["ttft_mean_s"] for s, r in zip(scales, rs)},
-            "throughput_by_scale": {str(s): r["throughput_rps"] for s, r in zip(scales, rs)},
+            "ttft_mean_by_slots": {str(s): r["ttft_mean_s"] for s, r in zip(scales, rs)},
+            "throughput_by_slots": {str(s): r["throughput_rps"] for s, r in zip(scales, rs)},
+            "hit_rate_by_slots": {str(s): r["hit_rate"] for s, r in zip(scales, rs)},
         }
         if p == "lru":
             lru_peak, lru_ttft = out[p]["peak_throughput_rps"], out[p]["ttft_mean_s"]
@@ -193,7 +196,8 @@ def format_table(summary: dict, args) -> str:
     head = (f"{'policy':<12}{'hit rate':>9}{'TTFT mean':>11}{'p90':>9}{'p99':>9}"
             f"{'turns/s':>9}{'peak/s':>9}{'TTFT vs lru':>13}{'peak vs lru':>13}")
     lines = [f"timed: {args.replicas} x {args.profile}, {args.router}, {args.topology} "
-             f"closed-loop, {args.sessions} sessions; near saturation = scale {sat}", head,
+             f"closed-loop; near saturation = N {sat} concurrent sessions "
+             f"(columns at N {sat}; peak over N = {args.slots})", head,
              "-" * len(head)]
     for p, d in summary["policies"].items():
         if "error" in d:

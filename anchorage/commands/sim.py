@@ -63,6 +63,9 @@ def register(sub) -> None:
                    help="closed-loop gap after a turn without a tool call (default 0.3)")
     t.add_argument("--warmup-s", type=float, default=0.0,
                    help="requests arriving before this are run but not measured")
+    t.add_argument("--max-sessions", type=int, default=None,
+                   help="closed loop: N concurrent session slots (a session starts when "
+                        "a slot frees); metrics cover the steady state")
     p.set_defaults(func=run)
 
 
@@ -200,7 +203,8 @@ def run_timed_mode(args, records, contexts, bs, capacity, names, params, unique,
         profile = get_profile(args.profile).with_(block_size=bs)
         cfg = TimedConfig(profile, replicas=args.replicas, mode=args.arrivals,
                           time_scale=args.time_scale, think_s=args.think_s,
-                          warmup_s=args.warmup_s, capacity_blocks=capacity)
+                          warmup_s=args.warmup_s, capacity_blocks=capacity,
+                          max_sessions=args.max_sessions)
     except ValueError as exc:
         raise CLIError(str(exc)) from None
     results = []

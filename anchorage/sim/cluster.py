@@ -15,6 +15,11 @@ Arrivals (``Workload``):
   each later one arrives when the previous one completed plus a gap: the previous
   record's ``tool_duration_ms`` when it made a tool call, else ``think_s``. Requests
   without a session arrive open-loop.
+- ``closed`` with ``max_sessions = N``: a closed system of N session slots. Sessions (and
+  session-less requests) start in timestamp order, each at ``max(its timestamp, the time
+  a slot frees)``; a slot frees when a session's last request completes. Metrics cover
+  the steady state: requests arriving after ``warmup_s`` and no later than the last
+  session start (``window``), and throughput counts turns completed inside that window.
 
 Warm-up: requests flagged ``warmup`` (``extra.warmup`` in the trace) or arriving before
 ``warmup_s`` run normally but are left out of every reported metric; flagged ones also
@@ -55,6 +60,8 @@ class TimedConfig:
     think_s: float = 0.3          # closed-loop gap after a turn without a tool call
     warmup_s: float = 0.0
     capacity_blocks: int | None = None  # per replica; default: the profile's
+    max_sessions: int | None = None     # closed loop: concurrent session slots
+    warmup_frac: float = 0.0            # with max_sessions: also skip this part of the window
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -63,10 +70,14 @@ class TimedConfig:
             raise ValueError(f"mode must be 'open' or 'closed', got {self.mode!r}")
         if not self.time_scale > 0:
             raise ValueError("time_scale must be > 0")
+        if not 0 <= self.warmup_frac < 1:
+            raise ValueError("warmup_frac must be in [0, 1)")
         if self.think_s < 0 or self.warmup_s < 0:
             raise ValueError("think_s and warmup_s must be >= 0")
         if self.capacity_blocks is not None and self.capacity_blocks <= 0:
             raise ValueError("capacity_blocks must be positive")
+        if self.max_sessions is not None and (self.max_sessions < 1 or self.mode != "closed"):
+            raise ValueError("max_sessions must be >= 1 and needs closed-loop arrivals")
 
     @property
     def capacity(self) -> int:
@@ -175,6 +186,8 @@ class ClusterSim:
         self.completed: list[SimRequest] = []
         self.rejected: list[SimRequest] = []
         self._plans: list[Any] = [None] * cfg.replicas
+        self._pending: list[int] = []   # session starts waiting for a slot (reversed)
+        self.last_start_s = 0.0
 
     def _push(self, t: float, kind: int, obj: Any) -> None:
         self._seq += 1
@@ -210,8 +223,14 @@ class ClusterSim:
 
     def run(self, workload: Workload) -> None:
         reqs = workload.requests
-        for i in workload.first:
+        first = workload.first
+        slots = self.cfg.max_sessions
+        if slots is not None:
+            self._pending = list(reversed(first[slots:]))
+            first = first[:slots]
+        for i in first:
             self._push(reqs[i].arrival_s, _ARRIVE, i)
+            self.last_start_s = max(self.last_start_s, reqs[i].arrival_s)
         following = workload.following
         while self._heap:
             t, _, kind, obj = heapq.heappop(self._heap)
@@ -254,6 +273,11 @@ class ClusterSim:
         if nxt is not None:
             gap = req.next_gap_s if req.next_gap_s is not None else self.cfg.think_s
             self._push(t + gap, _ARRIVE, nxt)
+        elif self._pending:  # the session ended: its slot goes to the next session
+            i = self._pending.pop()
+            start = max(t, reqs[i].arrival_s)
+            self.last_start_s = start
+            self._push(start, _ARRIVE, i)
 
 
 # ---------------------------------------------------------------------------------------
@@ -277,6 +301,13 @@ def _mean(xs: Sequence[float]) -> float:
 def summarize(sim: ClusterSim, workload: Workload, policy_name: str,
               router_name: str) -> dict[str, Any]:
     done = [r for r in sim.completed if r.measured]
+    window = None
+    if sim.cfg.max_sessions is not None:
+        hi = sim.last_start_s
+        lo = max(sim.cfg.warmup_s, sim.cfg.warmup_frac * hi)
+        done = [r for r in done if r.arrival_s <= hi]
+        if hi > lo:
+            window = (lo, hi)
     ttft = [r.first_token_s - r.arrival_s for r in done]
     lat = [r.finish_s - r.arrival_s for r in done]
     hit_blocks = sum(r.hit_blocks for r in done)
@@ -287,6 +318,12 @@ def summarize(sim: ClusterSim, workload: Workload, policy_name: str,
     t0 = min((r.arrival_s for r in done), default=0.0)
     t1 = max((r.finish_s for r in done), default=0.0)
     span = max(t1 - t0, 1e-9)
+    if window is not None:
+        span = window[1] - window[0]
+        throughput = sum(1 for r in sim.completed
+                         if window[0] <= r.finish_s <= window[1]) / span
+    else:
+        throughput = len(done) / span
     sessions: dict[Hashable, list[float]] = {}
     for r in done:
         if r.session is None:
@@ -309,7 +346,7 @@ def summarize(sim: ClusterSim, workload: Workload, policy_name: str,
             "evictions": None if sim.pooled else rep.pool.stats.evictions,
             "preemptions": st.preemptions,
             "ttft_p90_s": percentile([r.first_token_s - r.arrival_s for r in rdone], 90),
-            "utilization": st.busy_s / span,
+            "utilization": st.busy_s / max(sim.now, 1e-9),  # over the whole run
             "steps": st.steps,
         })
     return {
@@ -326,7 +363,8 @@ def summarize(sim: ClusterSim, workload: Workload, policy_name: str,
         "ttft_p90_s": percentile(ttft, 90), "ttft_p99_s": percentile(ttft, 99),
         "latency_mean_s": _mean(lat), "latency_p50_s": percentile(lat, 50),
         "latency_p90_s": percentile(lat, 90), "latency_p99_s": percentile(lat, 99),
-        "throughput_rps": len(done) / span,
+        "throughput_rps": throughput,
+        "window_s": list(window) if window else None,
         "session_time_mean_s": _mean(sess_times),
         "session_time_p90_s": percentile(sess_times, 90),
         "makespan_s": sim.now,

@@ -225,3 +225,25 @@ def test_config_validation():
                 dict(capacity_blocks=0)):
         with pytest.raises(ValueError):
             TimedConfig(p, **bad)
+
+
+def test_session_slots_gate_session_starts():
+    recs = session_trace(seed=6, sessions=4, turns=3)
+    for r in recs:  # every session would start at once
+        r.timestamp = 0.0
+    cfg = TimedConfig(tiny_profile(capacity=64), replicas=1, max_sessions=1)
+    sim, wl = simulate(recs, cfg)
+    assert_drained(sim, wl)
+    by_session = {}
+    for r in sim.completed:
+        by_session.setdefault(r.session, []).append(r)
+    spans = sorted((min(r.arrival_s for r in rs), max(r.finish_s for r in rs))
+                   for rs in by_session.values())
+    for (a0, a1), (b0, b1) in zip(spans, spans[1:]):
+        assert b0 == pytest.approx(a1)  # the next session starts when the slot frees
+    ctxs = make_contexts(recs)
+    out = run_timed(recs, ctxs, TimedConfig(tiny_profile(capacity=64), max_sessions=2), "lru")
+    assert out["window_s"] is not None and out["throughput_rps"] > 0
+    assert out["measured_requests"] < out["requests"]
+    with pytest.raises(ValueError):
+        TimedConfig(tiny_profile(), mode="open", max_sessions=2)
