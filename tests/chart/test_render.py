@@ -485,3 +485,37 @@ def test_values_documented_field_by_field():
             continue
         undocumented.append(f"{i + 1}: {stripped}")
     assert not undocumented, "values.yaml fields without a comment:\n" + "\n".join(undocumented)
+
+
+def test_rayservice_pod_templates_valid(all_on_objects):
+    """KubeRay's pod templates are core PodTemplateSpecs: validate them as Pods."""
+    rcc = one(all_on_objects, "RayService")["spec"]["rayClusterConfig"]
+    templates = [rcc["headGroupSpec"]["template"]] + [g["template"] for g in rcc["workerGroupSpecs"]]
+    pods = [{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"ray-{i}", **t["metadata"]},
+             "spec": t["spec"]} for i, t in enumerate(templates)]
+    assert _k8s_validate(pods) == 2
+
+
+def test_monitors_select_existing_ports(all_on_objects):
+    """Every ServiceMonitor/PodMonitor endpoint names a port of the objects it selects."""
+    def matches(sel: dict, labels: dict) -> bool:
+        return all(labels.get(k) == v for k, v in sel["matchLabels"].items())
+
+    svcs = by_kind(all_on_objects, "Service")
+    pods = [d["spec"]["template"] for d in by_kind(all_on_objects, "Deployment")]
+    monitors = by_kind(all_on_objects, "ServiceMonitor") + by_kind(all_on_objects, "PodMonitor")
+    assert len(monitors) == 2  # operator ServiceMonitor + models PodMonitor (KubeRay: no router one)
+    for m in monitors:
+        if m["kind"] == "ServiceMonitor":
+            targets = [s for s in svcs if matches(m["spec"]["selector"], s["metadata"]["labels"])]
+            ports = {p["name"] for t in targets for p in t["spec"]["ports"]}
+            wanted = {e["port"] for e in m["spec"]["endpoints"]}
+        else:
+            targets = [p for p in pods if matches(m["spec"]["selector"], p["metadata"]["labels"])]
+            ports = {cp["name"] for t in targets for c in t["spec"]["containers"] for cp in c["ports"]}
+            wanted = {e["port"] for e in m["spec"]["podMetricsEndpoints"]}
+        assert targets and wanted <= ports, (m["metadata"]["name"], wanted, ports)
+    router = objects(render(deployment_router_values(), api_versions=MONITORING_APIS))
+    sm = one(router, "ServiceMonitor", "-router")
+    assert sm["spec"]["endpoints"][0]["port"] == "http"
+    assert one(router, "Service", "-router")["spec"]["ports"][0]["name"] == "http"
