@@ -1,7 +1,8 @@
 """Named workloads for benchmarks and the demo: generated topologies and the real traces.
 
 A spec is one of:
-- ``generated:<topology>[:<seed>]`` - `anchorage trace generate` with default sizes;
+- ``generated:<topology>[:<seed>]`` - `anchorage trace generate` with ``DEFAULT_AGENTS``
+  agents and ``DEFAULT_SESSIONS`` sessions (or ``sessions=``);
 - ``mooncake`` / ``mooncake-synthetic`` / ``chatdev`` / ``weka`` - the real traces under
   the traces directory (default ``../shared/traces`` beside the checkout, or
   ``$ANCHORAGE_TRACES``), converted on the fly;
@@ -17,6 +18,8 @@ from anchorage.bench import Workload
 from anchorage.trace.format import read_trace
 
 REAL = ("mooncake", "mooncake-synthetic", "chatdev", "weka")
+DEFAULT_AGENTS = 8
+DEFAULT_SESSIONS = 300
 
 
 class WorkloadUnavailable(LookupError):
@@ -42,10 +45,11 @@ def load(spec: str, traces_dir: Path | None = None, *, sessions: int | None = No
         parts = spec.split(":")
         topology = parts[1]
         seed = int(parts[2]) if len(parts) > 2 else 0
-        kwargs = {}
-        if sessions is not None:
-            kwargs["sessions"] = sessions
-        header, records = generate(topology=topology, seed=seed, **kwargs)
+        try:
+            header, records = generate(topology=topology, agents=DEFAULT_AGENTS,
+                                       sessions=sessions or DEFAULT_SESSIONS, seed=seed)
+        except ValueError as exc:
+            raise WorkloadUnavailable(f"cannot generate {spec!r}: {exc}") from None
         return Workload.from_records(spec, header, records, source="generated")
     if spec in REAL:
         return _load_real(spec, traces_dir)
