@@ -63,10 +63,10 @@ class KubeIO:
 
     def put_configmap(self, namespace: str, body: dict[str, Any],
                       resource_version: str | None) -> None:
-        """Create, or replace at ``resource_version`` (a concurrent writer gets 409)."""
+        """Create, or patch at ``resource_version`` (a concurrent writer gets 409)."""
         name = body["metadata"]["name"]
         if resource_version is None:
             self.core.create_namespaced_config_map(namespace, body)
         else:
             body = {**body, "metadata": {**body["metadata"], "resourceVersion": resource_version}}
-            self.core.replace_namespaced_config_map(name, namespace, body)
+            self.core.patch_namespaced_config_map(name, namespace, body)
