@@ -25,6 +25,12 @@ _kube: KubeIO | None = None
 _prom: dict[str, PrometheusClient] = {}
 
 
+@kopf.on.login()
+def login(**kw: Any) -> kopf.ConnectionInfo | None:
+    # kopf's own readers (not the kubernetes client's, which fixes $KUBECONFIG at import).
+    return kopf.login_with_service_account(**kw) or kopf.login_with_kubeconfig(**kw)
+
+
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     global _kube
@@ -33,7 +39,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     try:
         config.load_incluster_config()
     except config.ConfigException:
-        config.load_kube_config()
+        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
     _kube = KubeIO()
     settings.posting.level = 20  # INFO and above become Events
     settings.watching.server_timeout = 60
