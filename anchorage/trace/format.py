@@ -36,7 +36,7 @@ FORMAT = "anchorage-trace/v1"
 DEFAULT_BLOCK_SIZE = 512  # Mooncake's block size: a header-less file is read as Mooncake
 
 # What a damaged file raises while being decompressed or decoded.
-_READ_ERRORS = (OSError, EOFError, lzma.LZMAError, zlib.error, UnicodeDecodeError)
+READ_ERRORS = (OSError, EOFError, lzma.LZMAError, zlib.error, UnicodeDecodeError)
 
 _KNOWN = {
     "timestamp", "hash_ids", "output_length", "input_length", "session_id", "agent",
@@ -222,7 +222,7 @@ class TraceReader:
         try:
             self._fh = open_text(self.path)
             self._first = self._fh.readline()
-        except _READ_ERRORS as exc:
+        except READ_ERRORS as exc:
             raise TraceError(self.path, None, f"cannot read: {exc}") from None
         try:
             self._read_header(block_size)
@@ -296,7 +296,7 @@ class TraceReader:
                     continue
                 last_ts = max(last_ts, rec.timestamp)
                 yield rec
-        except _READ_ERRORS as exc:
+        except READ_ERRORS as exc:
             raise TraceError(self.path, self._lineno, f"cannot read: {exc}") from None
         finally:
             self._fh.close()

@@ -30,7 +30,7 @@ import os
 from anchorage.trace.blocks import n_blocks
 from anchorage.trace.convert.common import (DEFAULT_WINDOW_S, ConvertOptions, interleave,
                                             start_offsets_ms)
-from anchorage.trace.format import _READ_ERRORS, TraceError, TraceHeader, TraceRecord, open_text
+from anchorage.trace.format import READ_ERRORS, TraceError, TraceHeader, TraceRecord, open_text
 
 BLOCK_SIZE = 16
 
@@ -65,7 +65,7 @@ def read_calls(path: str) -> list[tuple[int, dict]]:
                 if not isinstance(obj, dict):
                     raise TraceError(path, line, "expected a JSON object")
                 calls.append((line, obj))
-    except _READ_ERRORS as exc:
+    except READ_ERRORS as exc:
         raise TraceError(path, None, f"cannot read: {exc}") from None
     return calls
 

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import lzma
 import random
 import re
-from datetime import datetime, timezone
-import zlib
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any, Iterable
 
-from anchorage.trace.format import TraceError, TraceRecord, open_text
+from anchorage.trace.format import READ_ERRORS, TraceError, TraceRecord, open_text
 
 DEFAULT_WINDOW_S = 3600.0
 
@@ -74,21 +72,8 @@ def load_json(path: str) -> Any:
             return json.load(fh)
     except json.JSONDecodeError as exc:
         raise TraceError(path, exc.lineno, f"invalid JSON: {exc.msg}") from None
-    except (OSError, EOFError, lzma.LZMAError, zlib.error, UnicodeDecodeError) as exc:
+    except READ_ERRORS as exc:
         raise TraceError(path, None, f"cannot read: {exc}") from None
-
-
-def need(obj: Any, key: str, kind: type | tuple[type, ...], path: str, where: str,
-         line: int | None = None) -> Any:
-    """``obj[key]`` checked to be of ``kind``, else TraceError naming where it is."""
-    if not isinstance(obj, dict) or key not in obj:
-        raise TraceError(path, line, f"{where}: missing field {key!r}")
-    v = obj[key]
-    if not isinstance(v, kind) or isinstance(v, bool) and bool not in (
-            kind if isinstance(kind, tuple) else (kind,)):
-        raise TraceError(path, line, f"{where}: field {key!r} has the wrong type "
-                                     f"({type(v).__name__})")
-    return v
 
 
 _FRACTION = re.compile(r"(\.\d{6})\d+")

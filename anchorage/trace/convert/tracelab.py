@@ -33,7 +33,7 @@ from typing import Any
 from anchorage.trace.blocks import PrefixIds, n_blocks
 from anchorage.trace.convert.common import (ConvertOptions, interleave, iso_ms,
                                             start_offsets_ms)
-from anchorage.trace.format import _READ_ERRORS, TraceError, TraceHeader, TraceRecord, open_text
+from anchorage.trace.format import READ_ERRORS, TraceError, TraceHeader, TraceRecord, open_text
 
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_WINDOW_S = 60.0
@@ -95,7 +95,7 @@ def convert(src: str, opts: ConvertOptions) -> tuple[TraceHeader, list[TraceReco
                     if not isinstance(obj, dict):
                         raise TraceError(path, line, "expected a JSON object")
                     rows.append((line, obj))
-    except _READ_ERRORS as exc:
+    except READ_ERRORS as exc:
         raise TraceError(path, None, f"cannot read: {exc}") from None
 
     by_session: dict[str, list[tuple[int, int, dict]]] = {}
