@@ -15,6 +15,12 @@ the start is recorded next to the numbers.
 
     .venv/bin/python bench/bench_router.py [--sessions 10000] [--replicas 64]
         [--decisions 20000] [--policies agent,prefix,...] [--out bench/results/router.json]
+
+``--serve`` measures instead the router's overhead through Ray Serve: sequential
+``/v1/completions`` latency (p50/p99) sent directly to an upstream vs through the router
+(real local Ray, inside a private network namespace it creates, as root), per policy;
+the upstream is the tests' small OpenAI-compatible server. Results go under
+``serve_overhead`` in the same JSON.
 """
 
 from __future__ import annotations
@@ -105,6 +111,70 @@ def bench_policy(name: str, args) -> dict:
                                          for s in range(args.sessions))}
 
 
+def serve_overhead(args) -> int:
+    """Runs inside the private network namespace (see ``--serve``)."""
+    import asyncio
+    import threading
+
+    import httpx
+    import ray
+    from ray import serve
+
+    from anchorage.router.app import build_app
+    from anchorage.router.config import RouterConfig
+    from tests.router.fake_upstream import FakeUpstream
+
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    ups = [FakeUpstream(f"u{i}") for i in range(2)]
+    urls = [f"http://127.0.0.1:{asyncio.run_coroutine_threadsafe(u.start(), loop).result()}"
+            for u in ups]
+    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
+             namespace="anchorage-bench", logging_level="WARNING", log_to_driver=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": 8000})
+    rng = random.Random(0)
+    bodies = [{"model": "tiny", "max_tokens": 1,
+               "prompt": [rng.randrange(1000) for _ in range(16 * rng.randint(4, 64))]}
+              for _ in range(args.requests)]
+
+    def measure(base: str, session: bool) -> list[float]:
+        out = []
+        with httpx.Client(timeout=30) as c:
+            for i, b in enumerate(bodies):
+                h = {"x-session-id": f"s{i % 50}"} if session else {}
+                t0 = time.perf_counter()
+                r = c.post(base + "/v1/completions", json=b, headers=h)
+                out.append((time.perf_counter() - t0) * 1e3)
+                assert r.status_code == 200, r.text
+        return out[20:]                                   # warm connections first
+
+    rows = []
+    direct = measure(urls[0], False)
+    rows.append({"path": "direct", "p50_ms": statistics.median(direct), "p99_ms": pct(direct, 0.99)})
+    for i, policy in enumerate(args.policies.split(",")):
+        cfg = RouterConfig(replicas=urls, policy=policy, actor_name=f"bench-state-{i}").validate()
+        serve.run(build_app(cfg), name="anchorage-router", route_prefix="/")
+        lat = measure("http://127.0.0.1:8000", True)
+        rows.append({"path": f"router/{policy}", "p50_ms": statistics.median(lat),
+                     "p99_ms": pct(lat, 0.99)})
+        ray.kill(ray.get_actor(cfg.actor_name))
+    serve.shutdown()
+    ray.shutdown()
+    base = rows[0]["p50_ms"]
+    print(f"{'path':<24}{'p50 ms':>10}{'p99 ms':>10}{'overhead p50 ms':>18}  "
+          f"({args.requests - 20} sequential requests; load average {os.getloadavg()[0]:.1f})")
+    for r in rows:
+        r["overhead_p50_ms"] = r["p50_ms"] - base
+        print(f"{r['path']:<24}{r['p50_ms']:>10.2f}{r['p99_ms']:>10.2f}{r['overhead_p50_ms']:>18.2f}")
+    out = Path(args.out)
+    data = json.loads(out.read_text()) if out.exists() else {}
+    data["serve_overhead"] = {"requests": args.requests - 20, "load_average": os.getloadavg()[0],
+                              "rows": rows}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=1))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sessions", type=int, default=10_000)
@@ -115,7 +185,27 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--policies", default=",".join(router_names()))
     ap.add_argument("--out", default="bench/results/router.json")
+    ap.add_argument("--serve", action="store_true", help="router overhead through Ray Serve")
+    ap.add_argument("--requests", type=int, default=300, help="--serve: requests per path")
     args = ap.parse_args()
+    if args.serve:
+        if args.policies == ",".join(router_names()):
+            args.policies = "round_robin,agent"
+        if os.environ.get("ANCHORAGE_BENCH_NETNS") != "1":
+            import shutil
+            import subprocess
+            import tempfile
+            if os.geteuid() != 0 or not shutil.which("unshare"):
+                print("--serve needs root and unshare (it runs Ray in a private network "
+                      "namespace)", file=sys.stderr)
+                return 2
+            home = tempfile.mkdtemp(prefix="anchorage-bench-home-")
+            inner = " ".join(f"'{a}'" for a in [sys.executable] + sys.argv)
+            return subprocess.call(
+                ["unshare", "-n", "--", "sh", "-c", f"ip link set lo up && exec {inner}"],
+                env=dict(os.environ, ANCHORAGE_BENCH_NETNS="1", HOME=home,
+                         RAY_USAGE_STATS_ENABLED="0"))
+        return serve_overhead(args)
     rows = []
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else -1.0
     print(f"{args.sessions} sessions, {args.replicas} replicas; load average {load:.1f} "
