@@ -137,3 +137,8 @@ def test_cli_stats_errors(tmp_path, capsys, argv, problem):
     assert main(["trace", "stats", *[subst.get(a, a) for a in argv]]) == 2
     err = capsys.readouterr().err
     assert problem in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_cli_trace_without_subcommand(capsys):
+    assert main(["trace"]) == 2
+    assert "generate" in capsys.readouterr().err
