@@ -3,7 +3,8 @@ one ``reconcile`` pass; the result is patched into ``status`` and posted as Even
 
 Run with ``anchorage operator`` (or ``kopf run -m anchorage.operator.handlers``). Several
 replicas may run: kopf peering (``--peering``, default ``anchorage``) keeps one active.
-Environment: ``ANCHORAGE_OPERATOR_INTERVAL_S`` (timer period, default 15 s).
+Environment: ``ANCHORAGE_OPERATOR_INTERVAL_S`` (timer period, default 15 s),
+``ANCHORAGE_OPERATOR_METRICS_PORT`` (the operator's own /metrics; unset or 0: not served).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 import kopf
 
+from anchorage.operator import metrics as op_metrics
 from anchorage.operator.kube import KubeIO
 from anchorage.operator.prometheus import PrometheusClient
 from anchorage.operator.reconcile import reconcile
@@ -41,6 +43,9 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     except config.ConfigException:
         config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
     _kube = KubeIO()
+    port = int(os.environ.get("ANCHORAGE_OPERATOR_METRICS_PORT", "0") or 0)
+    if port:
+        op_metrics.serve(port)
     settings.posting.level = 20  # INFO and above become Events
     settings.watching.server_timeout = 60
 
@@ -53,10 +58,16 @@ def _metrics_for(url: str) -> PrometheusClient:
 
 def _run(body: kopf.Body, patch: kopf.Patch, reason: str, logger: Any) -> None:
     meta = body["metadata"]
-    res = reconcile(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"],
-                    generation=meta.get("generation"), spec=dict(body.get("spec") or {}),
-                    status=dict(body.get("status") or {}), kube=_kube,
-                    metrics_for=_metrics_for, now_s=time.time())
+    spec = dict(body.get("spec") or {})
+    try:
+        res = reconcile(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"],
+                        generation=meta.get("generation"), spec=spec,
+                        status=dict(body.get("status") or {}), kube=_kube,
+                        metrics_for=_metrics_for, now_s=time.time())
+    except Exception:
+        op_metrics.record_error(meta["namespace"], meta["name"])
+        raise
+    op_metrics.record(meta["namespace"], meta["name"], spec, res.status, res.facts)
     for k, v in res.status.items():
         patch.status[k] = v
     for ev in res.events:

@@ -47,6 +47,9 @@ class Event:
 class Outcome:
     status: dict[str, Any]
     events: list[Event] = field(default_factory=list)
+    # For the operator's own metrics: observed_replicas, scaled ("up"/"down"),
+    # tuning ("adopted"/"rejected"/"error"), metrics_ok (bool).
+    facts: dict[str, Any] = field(default_factory=dict)
 
 
 def iso(now_s: float) -> str:
@@ -144,6 +147,7 @@ def reconcile(*, name: str, namespace: str, uid: str, generation: int | None,
                        min_improvement=float(tuning.get("minImprovement", 0.01)),
                        objective=tuning.get("objective", "hitRate"), **kw)
             out.status["lastTuningReason"] = res.reason
+            out.facts["tuning"] = "adopted" if res.adopt else "rejected"
             if res.adopt:
                 decision["tuned"] = {k: v for k, v in res.parameters.items()
                                      if spec_params.get(k) != v}
@@ -153,6 +157,7 @@ def reconcile(*, name: str, namespace: str, uid: str, generation: int | None,
             else:
                 events.append(Event("Normal", "TuningKept", res.reason))
         except (AccessLogError, ValueError) as e:
+            out.facts["tuning"] = "error"
             out.status["lastTuningReason"] = f"tuning failed: {e}"
             events.append(Event("Warning", "TuningFailed", str(e)))
     # ConfigMap: write only on a content change, bumping its generation.
@@ -186,6 +191,7 @@ def reconcile(*, name: str, namespace: str, uid: str, generation: int | None,
         return out
     current = scale.spec_replicas
     out.status["selector"] = scale.selector
+    out.facts["observed_replicas"] = scale.status_replicas
 
     # Metrics.
     asc = AutoscaleConfig.from_spec(spec.get("autoscaling"))
@@ -196,12 +202,14 @@ def reconcile(*, name: str, namespace: str, uid: str, generation: int | None,
         signals = metrics_for(m.get("prometheusURL", "")).fleet_signals(
             selector=m.get("selector", ""), window_s=int(m.get("windowSeconds", 120)),
             replicas=max(1, current), block_size=block_size)
+        out.facts["metrics_ok"] = True
         conds = set_condition(conds, "MetricsAvailable", "True", "MetricsRead",
                               "fleet metrics read from Prometheus", now_s, generation)
         out.status.update(hitRate=signals.hit_rate, queueDepth=round(signals.queue_depth, 4),
                           kvUsage=round(signals.kv_usage, 4))
 
     except MetricsError as e:
+        out.facts["metrics_ok"] = False
         if not any(c.get("type") == "MetricsAvailable" and c.get("status") == "False" for c in conds):
             events.append(Event("Warning", "MetricsUnavailable", f"{e}; holding the last decision"))
         conds = set_condition(conds, "MetricsAvailable", "False", "MetricsUnavailable",
@@ -218,6 +226,7 @@ def reconcile(*, name: str, namespace: str, uid: str, generation: int | None,
         reason, acted = "autoscaling disabled: spec.replicas", desired != current
     if acted:
         kube.set_replicas(kind, namespace, tname, desired)
+        out.facts["scaled"] = "up" if desired > current else "down"
         out.status.update(lastScaleTime=iso(now_s), lastScaleReason=reason)
         events.append(Event("Normal", "Scaled", f"{kind} {tname}: {reason}"))
     out.status.update(replicas=desired, desiredReplicas=desired)

@@ -22,6 +22,8 @@ def register(sub) -> None:
                    help="reconcile timer period in seconds (default 15)")
     p.add_argument("--liveness", default=None,
                    help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
+    p.add_argument("--metrics-port", type=int, default=8080,
+                   help="serve the operator's own /metrics on this port (0: off; default 8080)")
     p.add_argument("--verbose", action="store_true")
     p.set_defaults(func=run)
 
@@ -33,6 +35,9 @@ def run(args) -> int:
         if args.interval_s <= 0:
             raise CLIError("--interval-s must be positive")
         os.environ["ANCHORAGE_OPERATOR_INTERVAL_S"] = str(args.interval_s)
+    if args.metrics_port < 0:
+        raise CLIError("--metrics-port must be >= 0")
+    os.environ["ANCHORAGE_OPERATOR_METRICS_PORT"] = str(args.metrics_port)
     try:
         import kopf
     except ImportError:

@@ -122,7 +122,14 @@ async def test_scales_target_through_scale_subresource(kmock):
     assert [str(r.url).endswith("/deployments/web/scale") for r in writes(kmock, "deployments")] == [True]
     assert out.status["desiredReplicas"] == 4 and "scale out 2 -> 4" in out.status["lastScaleReason"]
     assert cond(out.status, "Ready")["status"] == "True"
-    assert any(e.reason == "Scaled" for e in out.events)
+    assert any(e.reason == "Scaled" for e in out.events) and out.facts["scaled"] == "up"
+    from anchorage.operator import metrics as op_metrics
+    op_metrics.record(NS, NAME, spec(), out.status, out.facts)
+    assert op_metrics.REGISTRY.get_sample_value(
+        "anchorage_operator_scale_events_total",
+        {"acp_namespace": NS, "acp": NAME, "direction": "up"}) == 1
+    assert op_metrics.REGISTRY.get_sample_value(
+        "anchorage_operator_desired_replicas", {"acp_namespace": NS, "acp": NAME}) == 4
     # a repeated pass (e.g. after an operator restart) with the target already at 4 and calm
     # load inside the cooldown does not act again
     sp = spec(autoscaling={**spec()["autoscaling"], "cooldownSeconds": 600})
