@@ -1,0 +1,98 @@
+"""`cachescout`: agent-aware eviction from learned agent transitions (CacheScout sections
+3.2-3.4), made correct for hundreds of concurrent sessions; plus the prefetch advisor.
+
+Specification
+-------------
+Eviction is ``GroupEvictionPolicy`` (``anchorage.policies.group_eviction``) with the agent
+signals:
+
+- agents are prompt-prefix fingerprints (``anchorage.fingerprint``: the end of the prefix
+  shared across sessions), never the ``agent`` label; tables LRU-capped (``max_agents``
+  64);
+- transitions are learned **per session** (``anchorage.policies.transitions``, eq. 3 with
+  ``eps`` = 0.1), never from the global interleaved order;
+- an anchor's expected time to next use aggregates **all active sessions**:
+  ``1 / sum_i N_i P(f | i) / g`` (``N_i`` active sessions at agent ``i``, ``g`` mean
+  session step gap), and its own arrival history ``max(ia_f, now - last_f)``: anchors
+  reused by many sessions are worth more than single-use blocks; anchors nobody is about
+  to call and nobody called for longer than usual lose protection. This replaces the
+  paper's truncated BFS hop distance (eq. 8) and its per-step recency decay (eq. 9), whose
+  scales are wrong when sessions interleave;
+- a session's private thread with agent ``f`` is worth the session's expected wait (all
+  gaps, no tool metadata) plus ``(steps - 1)`` step gaps, divided by the probability
+  ``p`` that the session calls ``f`` within two steps (``TransitionLearner.reach``);
+  ended or idle sessions stop protecting their blocks.
+
+Prefetch advisor (section 3.4): ``PrefetchAdvisor(policy).advise(session_id)`` returns the
+session's predicted next agent ``argmax_j P(j | current)`` (eq. 10), its probability, the
+predictability ``R`` (eq. 2) and whether ``R >= R_min`` (eq. 11, ``r_min`` = 0.3), and the
+anchors to warm: the predicted agent's fingerprint when its anchor is not resident
+(``anchors_to_warm`` is empty when the gate is closed). ``warm_candidates(k)`` ranks agents
+by the expected number of active sessions calling them next. Warm-up requests
+(``ctx.warmup``) never update learning.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Hashable
+
+from anchorage.policies.group_eviction import GroupEvictionPolicy, Signals
+
+SIGNALS = Signals(anchors=True, transitions=True, gaps=True, tools=False, dead_outputs=True)
+
+
+class CacheScoutPolicy(GroupEvictionPolicy):
+    name = "cachescout"
+
+    def __init__(self, block_size: int = 16, **params: Any):
+        super().__init__(block_size=block_size, signals=params.pop("signals", SIGNALS),
+                         **params)
+
+
+@dataclass
+class Advice:
+    session_id: Hashable
+    current_agent: Hashable | None
+    next_agent: Hashable | None
+    probability: float
+    R: float
+    gate_open: bool
+    anchors_to_warm: list[Hashable] = field(default_factory=list)
+
+
+class PrefetchAdvisor:
+    """Read-only view of a ``GroupEvictionPolicy``'s learned model for the sidecar."""
+
+    def __init__(self, policy: GroupEvictionPolicy, r_min: float = 0.3):
+        self.policy = policy
+        self.r_min = r_min
+
+    def predictability(self) -> float:
+        return self.policy.trans.predictability()
+
+    def _resident(self, fp: Hashable) -> bool:
+        pool = getattr(self.policy, "pool", None)
+        return pool is not None and fp in pool.cached
+
+    def advise(self, session_id: Hashable) -> Advice:
+        pol = self.policy
+        s = pol.sessions.get(session_id)
+        cur = s.agent if s is not None else None
+        R = self.predictability()
+        nxt, p = pol.trans.next_agent(cur) if cur is not None else (None, 0.0)
+        gate = R >= self.r_min
+        warm = [nxt] if (gate and nxt is not None and not self._resident(nxt)) else []
+        return Advice(session_id, cur, nxt, p, R, gate, warm)
+
+    def warm_candidates(self, k: int = 3) -> list[tuple[Hashable, float]]:
+        """Agents ranked by expected number of active sessions calling them next."""
+        pol = self.policy
+        score: dict[Hashable, float] = {}
+        for i, n_i in pol.at_agent.items():
+            for j in pol.trans.agents:
+                score[j] = score.get(j, 0.0) + n_i * pol.trans.prob(i, j)
+        return sorted(score.items(), key=lambda kv: (-kv[1], str(kv[0])))[:k]
+
+
+POLICIES = {"cachescout": lambda block_size=16, **p: CacheScoutPolicy(block_size=block_size, **p)}

@@ -1,0 +1,87 @@
+"""`cachewise`: evict the session whose next request is expected furthest away, predicted
+from the last request's tool metadata (CacheWise section 5.2), learned online.
+
+Specification
+-------------
+``GroupEvictionPolicy`` (``anchorage.policies.group_eviction``) with the tool-timing
+signals only: each session thread's score is the expected wait
+
+    ``W_s(e) = E[tau - e | tau > e] / P(return | tau > e)``,  ``e = now - last request``
+
+from the gap histogram of the session's pending ``tool_name``, refined by the cluster of
+its ``tool_args`` (``anchorage.policies.tool_clusters``: TF-IDF + k-means when warm-started
+with ``warm_start=[(tool_name, tool_args), ...]`` or ``warm_start_trace=<path>``, else the
+argument signature), falling back to per tool, then to all gaps, then to recency (fewer than
+``min_samples`` = 16 gaps). Gaps are learned when the session's next request arrives; a
+session with no pending tool is scored from the "no tool" histogram (user think time,
+usually the longest: idle sessions go first); sessions idle past ``end_factor`` x p99 gap
+are ended. Generated-token blocks go first once learned never reused. Periodic re-scoring
+as in the paper (section 5.3). Anchors and agent transitions are not used (that is
+``cachescout``; ``hybrid`` has both).
+
+``cachewise-oracle`` (offline, simulator only, a reference like the paper's CacheWise*):
+the same policy, but a session's wait is the true time until its next request, read from
+the replay (``T = t_next - now``, inf if the session never returns).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from anchorage.policies.base import RequestContext
+from anchorage.policies.group_eviction import GroupEvictionPolicy, Session, Signals
+from anchorage.policies.tool_clusters import ArgClusterer
+
+SIGNALS = Signals(anchors=False, transitions=False, gaps=True, tools=True, dead_outputs=True)
+
+
+class CacheWisePolicy(GroupEvictionPolicy):
+    name = "cachewise"
+
+    def __init__(self, block_size: int = 16, clusters: ArgClusterer | None = None,
+                 warm_start: Sequence[tuple[Any, Any]] | None = None,
+                 warm_start_trace: str | None = None, **params: Any):
+        if clusters is None:
+            clusters = ArgClusterer()
+        if warm_start_trace is not None:
+            from anchorage.trace.format import read_trace
+            _, recs = read_trace(warm_start_trace)
+            warm_start = [(r.tool_name, r.tool_args) for r in recs if r.tool_name]
+        if warm_start:
+            clusters.fit(warm_start)
+        self.clusters = clusters
+        super().__init__(block_size=block_size, signals=params.pop("signals", SIGNALS),
+                         cluster_fn=clusters.cluster, **params)
+
+
+class CacheWiseOraclePolicy(CacheWisePolicy):
+    """Reads the future (each session's true next request time): a reference only."""
+
+    name = "cachewise-oracle"
+    offline = True
+
+    def __init__(self, contexts: Sequence[RequestContext], block_size: int = 16,
+                 **params: Any):
+        super().__init__(block_size=block_size, **params)
+        nxt: dict[Any, float] = {}
+        self._next_s = [math.inf] * len(contexts)
+        for c in reversed(contexts):
+            sid = c.session_id
+            if sid is None:
+                continue
+            if c.seq >= 0:
+                self._next_s[c.seq] = nxt.get(sid, math.inf)
+            nxt[sid] = c.now_s
+
+    def _session_wait(self, sess: Session, now: float) -> float | None:
+        if sess.last_seq < 0 or sess.last_seq >= len(self._next_s):
+            return None
+        return max(0.0, self._next_s[sess.last_seq] - now)
+
+
+POLICIES = {"cachewise": lambda block_size=16, **p: CacheWisePolicy(block_size=block_size, **p)}
+OFFLINE_POLICIES = {
+    "cachewise-oracle": lambda contexts, block_size=16, **p: CacheWiseOraclePolicy(
+        contexts, block_size=block_size, **p),
+}

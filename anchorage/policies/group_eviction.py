@@ -1,0 +1,584 @@
+"""Group-scored eviction: an online approximation of Belady shared by `cachescout`,
+`cachewise` and `hybrid` (which differ only in the signals they enable).
+
+Specification
+-------------
+Every cached block belongs to one *group*:
+
+- ``anchor(f)``: leading blocks shared across sessions, keyed by the agent fingerprint ``f``
+  of the request that used them (``anchorage.fingerprint``);
+- ``thread(s, f)``: a session's private blocks, keyed by session id ``s`` (inferred from
+  prefix continuity when the request has none) and, with transitions on, by the agent
+  ``f`` of the request (a session's conversation with one agent);
+- ``output(s)``: blocks filled by generated tokens of session ``s``.
+
+Within a group, free blocks leave in the order they became free, a chain's tail first
+(exactly LRU order inside the group). Each group has a predicted absolute next-use time
+``K`` (larger = evicted first); the victim is the front block of the group with the
+largest ``K`` (ties: the block freed earliest). Groups sit in a heap with lazy invalidation
+(O(log G) per victim, O(1) per touched block, O(log G) per touched group per request).
+
+Scores (``T`` = expected time to next use from now, in policy-clock seconds):
+
+- no informative signal -> recency: ``K = 2 * epoch - t_front`` where ``t_front`` is when
+  the group's front block became free and ``epoch`` the last re-scoring time. Among such
+  groups the order is exactly LRU, so a policy with no signal *is* LRU;
+- ``output`` groups once outputs are learned dead (``dead_min_samples`` = 64 output blocks
+  cached, reuse frequency ``(hits + 1) / (n + 2) < dead_max_reuse`` = 0.02): ``K = inf``;
+- ``thread(s, f)`` with gaps on: ``T = W_s(e)`` = ``GapPredictor.expected_wait``:
+  ``E[tau - e | tau > e] / P(return | tau > e)`` for elapsed ``e = now - last_s``, from the
+  histogram of the session's pending tool (and argument cluster) when tools are on, else
+  the global one; with transitions on and ``f`` not the session's current agent,
+  ``T = (W_s(e) + (steps - 1) * g) / p`` where ``(p, steps) = reach(cur_s, f)`` and
+  ``g`` the mean session step gap;
+- ``anchor(f)`` with anchors on: ``T = min(T_base, T_trans)``; ``T_base = max(ia_f,
+  now - last_f)`` (``ia_f``: EWMA, weight 0.2, of the agent's inter-arrival time: an
+  anchor many sessions reuse is worth more than a single-use block, and one nobody called
+  for longer than usual loses protection); with transitions on, ``T_trans = 1 / sum_i N_i
+  P(f | i) / g`` where ``N_i`` counts active sessions whose current agent is ``i``.
+
+Sessions idle longer than ``end_factor`` (default 2) times the 99th percentile of learned
+gaps are ended: the gap model records an end (tau = inf) and the transition learner
+``i -> END``; they no longer count in ``N_i``. A returning ended session retracts that end.
+
+Re-scoring (CacheWise section 5.3): all groups with free blocks are re-scored (``epoch =
+now``) when the policy clock advanced by a quarter of the cache turnover time (time to
+evict ``capacity`` blocks, measured online as an EWMA) or after as many victims as there
+are groups with free blocks (amortised O(log G) per victim).
+
+Learning never reads ``agent_truth`` or ``tool_duration_ms``; warm-up requests
+(``ctx.warmup``) update no statistics. State: bounded tables (sessions LRU-capped at
+``max_sessions``, agents at ``max_agents``, tool histograms at ``max_tools``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable, Iterable
+
+from anchorage.fingerprint import PrefixOwnership
+from anchorage.policies.base import EvictionPolicy, RequestContext
+from anchorage.policies.gap_predictor import GapPredictor
+from anchorage.policies.transitions import END, TransitionLearner
+
+INF = math.inf
+ANCHOR, THREAD, OUTPUT = 0, 1, 2
+
+
+@dataclass
+class Signals:
+    """Which signals a policy uses. All False = LRU."""
+
+    anchors: bool = True       # value shared prefixes by agent arrival rate
+    transitions: bool = True   # per-session agent transitions (threads, anchor rates)
+    gaps: bool = True          # session gap model conditioned on elapsed time
+    tools: bool = True         # condition gaps on tool name / argument cluster
+    dead_outputs: bool = True  # learn whether generated-token blocks are ever reused
+
+
+class Group:
+    __slots__ = ("kind", "key", "sess", "agent", "free", "n", "ver", "K", "mult", "add")
+
+    def __init__(self, kind: int, key: Hashable, sess: "Session | None",
+                 agent: "Agent | None"):
+        self.kind = kind
+        self.key = key
+        self.sess = sess
+        self.agent = agent
+        self.free: OrderedDict[int, tuple[int, float]] = OrderedDict()
+        self.n = 0          # blocks assigned (free or in use)
+        self.ver = 0
+        self.K: float | None = None  # absolute predicted next use, or None: recency
+        self.mult = 1.0               # recency score: K = epoch + mult * age + add
+        self.add = 0.0
+
+
+class Session:
+    __slots__ = ("sid", "last_s", "last_seq", "tool", "cluster", "agent", "n", "ended",
+                 "groups")
+
+    def __init__(self, sid: Hashable):
+        self.sid = sid
+        self.last_s = -INF
+        self.last_seq = -1
+        self.tool = None
+        self.cluster = None
+        self.agent = None
+        self.n = 0
+        self.ended = False
+        self.groups: dict[Hashable, Group] = {}
+
+
+class Agent:
+    __slots__ = ("fp", "last_s", "ia", "n", "group")
+
+    def __init__(self, fp: Hashable):
+        self.fp = fp
+        self.last_s = -INF
+        self.ia = INF
+        self.n = 0
+        self.group: Group | None = None
+
+
+class GroupEvictionPolicy(EvictionPolicy):
+    name = "group"
+
+    def __init__(self, *, block_size: int = 16, signals: Signals | None = None,
+                 cluster_fn: Callable[[Any, Any], Hashable] | None = None,
+                 min_samples: int = 16, dead_min_samples: int = 64,
+                 dead_max_reuse: float = 0.02, end_factor: float = 2.0,
+                 eps: float = 0.1, max_sessions: int = 4096, max_agents: int = 64,
+                 max_tools: int = 64, max_prefix_keys: int = 1 << 18):
+        self.block_size = block_size
+        self.sig = signals or Signals()
+        self.cluster_fn = cluster_fn
+        self.dead_min_samples = dead_min_samples
+        self.dead_max_reuse = dead_max_reuse
+        self.end_factor = end_factor
+        self.max_sessions = max_sessions
+        self.max_agents = max_agents
+        self.prefix = PrefixOwnership(max_prefix_keys)
+        self.gaps = GapPredictor(min_samples=min_samples, max_keys=max_tools)
+        self.trans = TransitionLearner(eps=eps, max_agents=max_agents)
+        self.sessions: OrderedDict[Hashable, Session] = OrderedDict()
+        self.agents: OrderedDict[Hashable, Agent] = OrderedDict()
+        self.at_agent: dict[Hashable, int] = {}  # active sessions per current agent
+        self.step_gap = 0.0                      # EWMA of session gaps (s)
+        # eviction state
+        self._bgroup: dict[int, Group] = {}
+        self._out_blocks: set[int] = set()
+        self._out_n = 0
+        self._out_hits = 0
+        self._heap: list[tuple] = []
+        self._nonempty: dict[int, Group] = {}  # id(group) -> group with free blocks
+        self._seq = 0
+        self._epoch = 0.0
+        self._now = 0.0
+        self._pops_since = 0
+        self._turnover_s = INF
+        self._turn_t0: float | None = None
+        self._turn_n = 0
+        self._cur: tuple | None = None  # (session, agent, anchor_len, learn)
+        self._touched: dict[int, Group] = {}
+        self._capacity = 0
+
+    def attach(self, pool) -> None:
+        super().attach(pool)
+        self._capacity = pool.capacity_blocks
+
+    # -- request notifications ------------------------------------------------------------
+
+    def on_request(self, ctx: RequestContext) -> None:
+        now = ctx.now_s
+        if now > self._now:
+            self._now = now
+        keys = ctx.keys
+        learn = not ctx.warmup
+        sid = ctx.session_id
+        if sid is None:
+            sid = self.prefix.infer_session(keys)
+            if sid is None:
+                sid = ("anon", keys[0] if keys else ctx.request_id)
+        limit = min(len(keys), ctx.input_length // self.block_size)
+        self.prefix.observe(keys[:limit], sid)
+        anchor_len = self.prefix.anchor_length(keys) if self.sig.anchors else 0
+        fp = self.prefix.fingerprint(keys) if (self.sig.anchors or self.sig.transitions) else None
+        sess = self._session(sid)
+        agent = self._agent(fp) if fp is not None else None
+        if learn:
+            self._learn(ctx, sess, agent, now)
+        self._cur = (sess, agent, anchor_len)
+        if self._now - self._epoch > self._turnover_s / 4:
+            self._rescore()
+
+    def _learn(self, ctx: RequestContext, sess: Session, agent: Agent | None,
+               now: float) -> None:
+        sig = self.sig
+        if sess.n:
+            gap = max(0.0, now - sess.last_s)
+            if sess.ended:
+                self.gaps.retract_end(sess.tool, sess.cluster)
+                sess.ended = False
+                if sess.agent is not None:
+                    self.at_agent[sess.agent] = self.at_agent.get(sess.agent, 0) + 1
+            self.gaps.observe(gap, sess.tool if sig.tools else None,
+                              sess.cluster if sig.tools else None)
+            self.step_gap = gap if not self.step_gap else 0.9 * self.step_gap + 0.1 * gap
+        if agent is not None:
+            if agent.n:
+                ia = max(0.0, now - agent.last_s)
+                agent.ia = ia if agent.ia == INF else 0.95 * agent.ia + 0.05 * ia
+            agent.n += 1
+            agent.last_s = now
+            if sig.transitions:
+                prev = sess.agent
+                if prev is not None:
+                    self.trans.observe(prev, agent.fp)
+                    if not sess.ended:
+                        self._at_dec(prev)
+                self.at_agent[agent.fp] = self.at_agent.get(agent.fp, 0) + 1
+        sess.agent = agent.fp if agent is not None else None
+        sess.n += 1
+        sess.last_seq = ctx.seq
+        if sig.tools:
+            sess.tool = ctx.tool_name
+            sess.cluster = (self.cluster_fn(ctx.tool_name, ctx.tool_args)
+                            if self.cluster_fn is not None and ctx.tool_name is not None
+                            else None)
+
+    def _at_dec(self, fp: Hashable) -> None:
+        c = self.at_agent.get(fp, 0) - 1
+        if c > 0:
+            self.at_agent[fp] = c
+        else:
+            self.at_agent.pop(fp, None)
+
+    def on_hit(self, ctx: RequestContext, blocks: list[int], were_free: list[int]) -> None:
+        bg = self._bgroup
+        touched = self._touched
+        for b in were_free:
+            g = bg[b]
+            free = g.free
+            if next(iter(free)) == b:
+                touched[id(g)] = g
+            del free[b]
+        out = self._out_blocks
+        if out:
+            for b in blocks:
+                if b in out:
+                    out.discard(b)
+                    self._out_hits += 1
+        self._assign(ctx, blocks, 0)
+
+    def on_cached(self, ctx: RequestContext, blocks: list[int], keys: list[Hashable],
+                  start: int) -> None:
+        ck = ctx.keys
+        if start < len(ck) and keys and keys[0] == ck[start]:
+            self._assign(ctx, blocks, start)
+            return
+        # blocks filled by generated tokens
+        sess = self._cur[0] if self._cur else self._session(("anon", ctx.request_id))
+        g = self._group(sess, OUTPUT, None)
+        bg = self._bgroup
+        for b in blocks:
+            old = bg.get(b)
+            if old is not None:
+                old.n -= 1
+            bg[b] = g
+            g.n += 1
+            self._out_blocks.add(b)
+        self._out_n += len(blocks)
+
+    def _assign(self, ctx: RequestContext, blocks: list[int], start: int) -> None:
+        cur = self._cur
+        if cur is None:
+            return
+        sess, agent, anchor_len = cur
+        bg = self._bgroup
+        thread = None
+        anchor = None
+        for j, b in enumerate(blocks):
+            if start + j < anchor_len and agent is not None:
+                if anchor is None:
+                    anchor = self._anchor_group(agent)
+                g = anchor
+            else:
+                if thread is None:
+                    thread = self._group(sess, THREAD, agent)
+                g = thread
+            old = bg.get(b)
+            if old is not g:
+                if old is not None:
+                    old.n -= 1
+                bg[b] = g
+                g.n += 1
+
+    def on_freed(self, ctx: RequestContext, blocks: list[int]) -> None:
+        bg = self._bgroup
+        touched = self._touched
+        t = ctx.now_s
+        seq = self._seq
+        for b in blocks:
+            g = bg[b]
+            seq += 1
+            if not g.free:
+                touched[id(g)] = g
+            g.free[b] = (seq, t)
+        self._seq = seq
+
+    def on_request_done(self, ctx: RequestContext) -> None:
+        cur = self._cur
+        now = self._now
+        if cur is not None:
+            sess, agent, _ = cur
+            if not ctx.warmup:
+                sess.last_s = max(sess.last_s, ctx.now_s)
+            touched = self._touched
+            for g in sess.groups.values():
+                touched[id(g)] = g
+            if agent is not None and agent.group is not None:
+                touched[id(agent.group)] = agent.group
+        self._flush(now)
+        self._cur = None
+
+    def _flush(self, now: float) -> None:
+        touched = self._touched
+        if not touched:
+            return
+        for g in touched.values():
+            if g.free:
+                self._score(g, now)
+                self._push(g)
+            else:
+                self._nonempty.pop(id(g), None)
+            if g.n <= 0 and not g.free:
+                self._drop_group(g)
+        touched.clear()
+
+    # -- victims --------------------------------------------------------------------------
+
+    def pop_victim(self) -> int | None:
+        if self._touched:
+            self._flush(self._now)
+        self._pops_since += 1
+        if self._pops_since > max(256, len(self._nonempty)):
+            self._rescore()
+        self._turnover_tick()
+        heap = self._heap
+        while heap:
+            _, _, ver, g = heap[0]
+            if ver != g.ver or not g.free:
+                heapq.heappop(heap)
+                continue
+            b, _ = g.free.popitem(last=False)
+            g.ver += 1
+            if g.free:
+                heapq.heapreplace(heap, self._entry(g))
+            else:
+                heapq.heappop(heap)
+                self._nonempty.pop(id(g), None)
+            return b
+        return None
+
+    def on_evicted(self, block: int, key: Hashable) -> None:
+        g = self._bgroup.pop(block, None)
+        if g is not None:
+            g.n -= 1
+            if g.n <= 0 and not g.free:
+                self._drop_group(g)
+        self._out_blocks.discard(block)
+
+    def _entry(self, g: Group) -> tuple:
+        seq, t = next(iter(g.free.values()))
+        K = g.K
+        if K is None:
+            ep = self._epoch
+            age = ep - t
+            K = ep + (g.mult * age if age > 0 else 0.0) + g.add
+        return (-K, seq, g.ver, g)
+
+    def _push(self, g: Group) -> None:
+        g.ver += 1
+        self._nonempty[id(g)] = g
+        heapq.heappush(self._heap, self._entry(g))
+
+    def _turnover_tick(self) -> None:
+        if self._turn_t0 is None:
+            self._turn_t0 = self._now
+        self._turn_n += 1
+        if self._turn_n >= max(1, self._capacity):
+            dt = self._now - self._turn_t0
+            self._turnover_s = dt if self._turnover_s == INF else 0.7 * self._turnover_s + 0.3 * dt
+            self._turn_t0 = self._now
+            self._turn_n = 0
+
+    def _rescore(self) -> None:
+        now = self._now
+        self._epoch = now
+        self._pops_since = 0
+        self._sweep_ended(now)
+        heap = []
+        for g in self._nonempty.values():
+            self._score(g, now)
+            g.ver += 1
+            heap.append(self._entry(g))
+        heapq.heapify(heap)
+        self._heap = heap
+
+    # -- scores ---------------------------------------------------------------------------
+
+    def _score(self, g: Group, now: float) -> None:
+        """Set ``g.K`` = predicted absolute next-use time, or None (recency)."""
+        sig = self.sig
+        kind = g.kind
+        T = None
+        mult, add = 1.0, 0.0
+        if kind == OUTPUT:
+            if sig.dead_outputs and self._outputs_dead():
+                T = INF
+            elif sig.gaps and g.sess.ended:
+                T = INF
+        elif kind == THREAD:
+            sess = g.sess
+            if sig.gaps:
+                T = self._session_wait(sess, now)
+            if sig.transitions and g.agent is not None and T != INF:
+                cur = sess.agent
+                if cur is not None and cur != g.agent.fp:
+                    p, steps = self.trans.reach(cur, g.agent.fp)
+                    p = max(p, 0.02)
+                    extra = (steps - 1) * self.step_gap
+                    if T is None:
+                        mult, add = 1.0 / p, extra / p
+                    else:
+                        T = (T + extra) / p
+        else:  # ANCHOR
+            if sig.anchors:
+                a = g.agent
+                if a.n >= 3 and a.ia < INF:
+                    T = min(a.ia, max(0.0, now - a.last_s))
+                    if sig.transitions and self.step_gap > 0:
+                        rate = 0.0
+                        for i, n_i in self.at_agent.items():
+                            rate += n_i * self.trans.prob(i, a.fp)
+                        if rate > 0:
+                            T = min(T, self.step_gap / rate)
+        g.K = None if T is None else now + T
+        g.mult, g.add = mult, add
+
+    def _session_wait(self, sess: Session, now: float) -> float | None:
+        """Expected wait until the session's next request, or None (no better than
+        recency). Ended sessions: inf. Only tool- or cluster-specific histograms count as
+        a signal; the global gap histogram orders sessions like recency does, and
+        mixing its absolute scale with recency-ordered groups measured worse."""
+        if sess.ended:
+            return INF
+        if sess.n == 0 or not self.sig.tools:
+            return None
+        h = self.gaps.specific(sess.tool, sess.cluster)
+        return None if h is None else h.expected_wait(max(0.0, now - sess.last_s))
+
+    def _outputs_dead(self) -> bool:
+        n = self._out_n
+        return n >= self.dead_min_samples and (self._out_hits + 1) / (n + 2) < self.dead_max_reuse
+
+    def _sweep_ended(self, now: float) -> None:
+        if not self.sig.gaps and not self.sig.transitions:
+            return
+        h = self.gaps.global_hist
+        if h.n < self.gaps.min_samples:
+            return
+        horizon = self.end_factor * h.quantile(0.99)
+        for s in self.sessions.values():
+            if not s.ended and s.n and now - s.last_s > horizon:
+                self._end_session(s)
+
+    def _end_session(self, s: Session) -> None:
+        s.ended = True
+        self.gaps.observe_end(s.tool, s.cluster)
+        if s.agent is not None and self.sig.transitions:
+            self.trans.observe(s.agent, END)
+            self._at_dec(s.agent)
+
+    # -- tables ---------------------------------------------------------------------------
+
+    def _session(self, sid: Hashable) -> Session:
+        ss = self.sessions
+        s = ss.get(sid)
+        if s is None:
+            s = ss[sid] = Session(sid)
+            if len(ss) > self.max_sessions:
+                _, old = ss.popitem(last=False)
+                if not old.ended and old.n:
+                    self._end_session(old)
+        else:
+            ss.move_to_end(sid)
+        return s
+
+    def _agent(self, fp: Hashable) -> Agent:
+        ag = self.agents
+        a = ag.get(fp)
+        if a is None:
+            a = ag[fp] = Agent(fp)
+            if len(ag) > self.max_agents:
+                ag.popitem(last=False)
+        else:
+            ag.move_to_end(fp)
+        return a
+
+    def _group(self, sess: Session, kind: int, agent: Agent | None) -> Group:
+        key = (kind, agent.fp if (agent is not None and kind == THREAD
+                                  and self.sig.transitions) else None)
+        g = sess.groups.get(key)
+        if g is None:
+            g = sess.groups[key] = Group(kind, key, sess, agent)
+        return g
+
+    def _anchor_group(self, agent: Agent) -> Group:
+        g = agent.group
+        if g is None:
+            g = agent.group = Group(ANCHOR, agent.fp, None, agent)
+        return g
+
+    def _drop_group(self, g: Group) -> None:
+        self._nonempty.pop(id(g), None)
+        if g.kind == ANCHOR:
+            if g.agent.group is g:
+                g.agent.group = None
+        else:
+            if g.sess.groups.get(g.key) is g:
+                del g.sess.groups[g.key]
+
+    # -- protocol extras ------------------------------------------------------------------
+
+    def eviction_order(self) -> Iterable[int]:
+        if self._touched:
+            self._flush(self._now)
+        heap = []
+        for g in self._nonempty.values():
+            items = list(g.free.items())
+            if items:
+                heap.append((self._key_at(g, items[0][1]), 0, items, g))
+        heapq.heapify(heap)
+        out = []
+        while heap:
+            _, i, items, g = heapq.heappop(heap)
+            out.append(items[i][0])
+            if i + 1 < len(items):
+                heapq.heappush(heap, (self._key_at(g, items[i + 1][1]), i + 1, items, g))
+        return out
+
+    def _key_at(self, g: Group, st: tuple[int, float]) -> tuple[float, int]:
+        seq, t = st
+        K = g.K
+        if K is None:
+            ep = self._epoch
+            age = ep - t
+            K = ep + (g.mult * age if age > 0 else 0.0) + g.add
+        return (-K, seq)
+
+    def reset(self) -> None:
+        for g in list(self._nonempty.values()):
+            g.free.clear()
+            g.ver += 1
+        self._nonempty.clear()
+        self._heap.clear()
+        self._bgroup.clear()
+        self._out_blocks.clear()
+        for s in self.sessions.values():
+            s.groups.clear()
+        for a in self.agents.values():
+            a.group = None
+
+    def state_size_bytes(self) -> int:
+        """Learned state: agent stats, transitions, gap histograms, per-session scalars
+        (the per-key prefix table and per-block group map are side tables)."""
+        return (self.trans.state_size_bytes() + self.gaps.size_bytes()
+                + 40 * len(self.agents) + 64 * len(self.sessions))
+
+    @property
+    def turnover_s(self) -> float:
+        return self._turnover_s
