@@ -118,6 +118,8 @@ def reconcile(*, name: str, namespace: str, uid: str, generation: int | None,
         return out
     conds = set_condition(conds, "Degraded", "False", "SpecValid", "spec is valid", now_s, generation)
 
+    block_size = int((spec.get("tuning") or {}).get("blockSize", 16))
+
     # Parameters in force: the tuner's, until the spec changes.
     spec_params = flatten((spec.get("policy") or {}).get("parameters"))
     tuned = decision.get("tuned")
@@ -196,7 +198,6 @@ def reconcile(*, name: str, namespace: str, uid: str, generation: int | None,
     # Metrics.
     asc = AutoscaleConfig.from_spec(spec.get("autoscaling"))
     m = spec.get("metrics") or {}
-    block_size = int((spec.get("tuning") or {}).get("blockSize", 16))
     signals: FleetSignals | None = None
     try:
         signals = metrics_for(m.get("prometheusURL", "")).fleet_signals(

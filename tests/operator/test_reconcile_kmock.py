@@ -166,3 +166,45 @@ async def test_invalid_spec_is_degraded_and_touches_nothing(kmock):
                    "accessLogs is empty", "capacityBlocks"):
         assert needle in c["message"]
     assert writes(kmock, "deployments") == [] and writes(kmock, "configmaps") == []
+
+
+async def test_tuning_adopts_better_parameters_and_writes_them(kmock, tmp_path):
+    """The digital twin inside a reconcile pass: the recorded access log replays better with
+    a longer TTL, so the tuner's parameters go into status and the ConfigMap. (The `ttl`
+    policy stands in for hybrid's parameters here; the schema's enums are not involved.)"""
+    from tests.operator.access_log import write_access_log
+
+    kmock.objects["apps/v1/deployments", NS, "web"] = deployment(2)
+    log = write_access_log(tmp_path / "access.jsonl")
+    sp = spec(policy={"name": "ttl", "parameters": {"ttl_s": 0.3}},
+              tuning={"enabled": True, "intervalSeconds": 600, "accessLogs": [str(log)],
+                      "capacityBlocks": 96, "minImprovement": 0.02,
+                      "parameters": [{"name": "ttl_s", "min": 0.5, "max": 4.5, "steps": 5}]})
+    out = await run(kmock, sp, {}, StubMetrics(CALM))
+    assert out.status["parametersSource"] == "tuner" and out.status["parameters"]["ttl_s"] > 2
+    assert "adopted" in out.status["lastTuningReason"] and out.facts["tuning"] == "adopted"
+    doc = yaml.safe_load(kmock.objects["v1/configmaps", NS, "llama-anchorage"]["data"][DATA_KEY])
+    assert doc["policy"]["parametersSource"] == "tuner"
+    assert doc["policy"]["parameters"]["ttl_s"] == out.status["parameters"]["ttl_s"]
+    assert any(e.reason == "Tuned" for e in out.events)
+    # within the interval: no new tuning run, tuned parameters stay in force
+    again = await run(kmock, sp, out.status, StubMetrics(CALM), now_s=1010.0)
+    assert "lastTuningTime" not in again.status and again.status["parametersSource"] == "tuner"
+    # a spec change (new generation) puts the spec's parameters back in force
+    sp2 = {**sp, "tuning": {**sp["tuning"], "enabled": False}}
+    third = await run(kmock, sp2, again.status, StubMetrics(CALM), now_s=1020.0, generation=2)
+    assert third.status["parametersSource"] == "spec" and third.status["parameters"] == {"ttl_s": 0.3}
+    assert third.status["decision"]["tuned"] is None
+
+
+async def test_tuning_with_unreadable_log_reports_failure(kmock, tmp_path):
+    kmock.objects["apps/v1/deployments", NS, "web"] = deployment(2)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 0, "hash_ids": "oops", "output_length": 1}\n')
+    sp = spec(tuning={"enabled": True, "accessLogs": [str(bad), str(tmp_path / "missing")],
+                      "capacityBlocks": 96,
+                      "parameters": [{"name": "horizon", "min": 1, "max": 5}]})
+    out = await run(kmock, sp, {}, StubMetrics(CALM))
+    assert out.status["lastTuningReason"].startswith("tuning failed: ")
+    assert "bad.jsonl:1" in out.status["lastTuningReason"]
+    assert out.status["parametersSource"] == "spec" and out.facts["tuning"] == "error"
