@@ -96,8 +96,9 @@ def reuse_distances(accesses: Iterable[tuple[float, Sequence[Hashable]]], total:
             cold += 1
         else:
             j, tj = prev
-            dists.append((tree.prefix(i) - tree.prefix(j + 1)) / rate)
-            times.append(t - tj)
+            d = tree.prefix(i) - tree.prefix(j + 1)
+            dists.append(d if rate >= 1.0 else round(d / rate))
+            times.append(round(t - tj, 6))
             tree.add(j, -1)
         tree.add(i, 1)
         last[k] = (i, t)
