@@ -138,6 +138,8 @@ def test_weka_single_file_and_limit(weka_dir):
     (lambda d: d.update(requests=None), "'requests' list"),
     (lambda d: d["requests"][1].pop("in"), "main request 1: missing field 'in'"),
     (lambda d: d["requests"][0].update(hash_ids="x"), "main request 0: hash_ids must be"),
+    (lambda d: d["requests"][0].update(hash_ids=[1, [2]]), "main request 0: hash_ids must be"),
+    (lambda d: d["requests"][1].update(hash_ids=[1, 2.5]), "main request 1: hash_ids must be"),
     (lambda d: d["requests"][2].update(t="soon"), "main request 2: field 't' must be a number"),
     (lambda d: d.update(block_size=16), "block_size 16 differs"),
     (lambda d: d["requests"][0].update(**{"in": 10}), "in=10 is too short for 3 blocks"),

@@ -64,16 +64,23 @@ class _Session:
         self.records: list[TraceRecord] = []
 
     def ids(self, local: Any, where: str, next_id: list[int]) -> list[int]:
-        if not isinstance(local, list) or not all(
-                isinstance(h, int) and not isinstance(h, bool) for h in local):
+        if not isinstance(local, list):
             raise TraceError(self.path, None, f"{where}: hash_ids must be a list of ints")
-        out = []
-        for h in local:
-            g = self.remap.get(h)
-            if g is None:
-                g = self.remap[h] = next_id[0]
-                next_id[0] += 1
-            out.append(g)
+        try:
+            out = list(map(self.remap.get, local))  # fast path: ids seen before (validated)
+        except TypeError:  # an unhashable element
+            raise TraceError(self.path, None, f"{where}: hash_ids must be a list of ints") from None
+        if None in out:
+            for i, h in enumerate(local):
+                if out[i] is None:
+                    if not isinstance(h, int) or isinstance(h, bool):
+                        raise TraceError(self.path, None,
+                                         f"{where}: hash_ids must be a list of ints")
+                    g = self.remap.get(h)
+                    if g is None:
+                        g = self.remap[h] = next_id[0]
+                        next_id[0] += 1
+                    out[i] = g
         return out
 
     def run(self, requests: list, agent: str, t0_s: float, where: str,
