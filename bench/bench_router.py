@@ -20,7 +20,8 @@ the start is recorded next to the numbers.
 ``/v1/completions`` latency (p50/p99) sent directly to an upstream vs through the router
 (real local Ray, inside a private network namespace it creates, as root), per policy;
 the upstream is the tests' small OpenAI-compatible server. Results go under
-``serve_overhead`` in the same JSON.
+``serve_overhead`` in the same JSON; the ``serve/noop`` row is Ray Serve's own floor (an
+ingress that answers at once), so router cost = router row - noop row.
 """
 
 from __future__ import annotations
@@ -151,6 +152,20 @@ def serve_overhead(args) -> int:
     rows = []
     direct = measure(urls[0], False)
     rows.append({"path": "direct", "p50_ms": statistics.median(direct), "p99_ms": pct(direct, 0.99)})
+
+    # Ray Serve's own floor: an ingress that answers without routing or proxying.
+    from fastapi import FastAPI
+    noop_api = FastAPI()
+
+    @serve.deployment(name="noop")
+    @serve.ingress(noop_api)
+    class Noop:
+        @noop_api.post("/v1/completions")
+        async def completions(self) -> dict:
+            return {"choices": [{"text": ""}]}
+    serve.run(Noop.bind(), name="anchorage-router", route_prefix="/")
+    lat = measure("http://127.0.0.1:8000", False)
+    rows.append({"path": "serve/noop", "p50_ms": statistics.median(lat), "p99_ms": pct(lat, 0.99)})
     for i, policy in enumerate(args.policies.split(",")):
         cfg = RouterConfig(replicas=urls, policy=policy, actor_name=f"bench-state-{i}").validate()
         serve.run(build_app(cfg), name="anchorage-router", route_prefix="/")
