@@ -127,6 +127,11 @@ class GapHistogram:
                 return LO_S * (1 << (b + 1))
         return LO_S * (1 << NBINS)
 
+    def informative(self) -> bool:
+        """False when every gap fell in one bin (e.g. no timing at all): such a histogram
+        says nothing a recency order does not."""
+        return sum(1 for c in self.counts if c) >= 2
+
     def size_bytes(self) -> int:
         return 2 * 8 * NBINS + 16
 

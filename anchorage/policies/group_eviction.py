@@ -131,8 +131,12 @@ class GroupEvictionPolicy(EvictionPolicy):
                  min_samples: int = 16, dead_min_samples: int = 64,
                  dead_max_reuse: float = 0.02, end_factor: float = 2.0,
                  eps: float = 0.1, max_sessions: int = 4096, max_agents: int = 64,
-                 max_tools: int = 64, max_prefix_keys: int = 1 << 18):
+                 max_tools: int = 64, max_prefix_keys: int = 1 << 18,
+                 global_gaps: str = "wait"):
         self.block_size = block_size
+        if global_gaps not in ("wait", "survival", "min", "off"):
+            raise ValueError(f"global_gaps must be wait, survival, min or off, got {global_gaps!r}")
+        self.global_gaps = global_gaps
         self.sig = signals or Signals()
         self.cluster_fn = cluster_fn
         self.dead_min_samples = dead_min_samples
@@ -425,6 +429,8 @@ class GroupEvictionPolicy(EvictionPolicy):
             sess = g.sess
             if sig.gaps:
                 T = self._session_wait(sess, now)
+                if T is None:
+                    mult = 1.0 / max(self._return_probability(sess, now), 0.02)
             if sig.transitions and g.agent is not None and T != INF:
                 cur = sess.agent
                 if cur is not None and cur != g.agent.fp:
@@ -432,7 +438,7 @@ class GroupEvictionPolicy(EvictionPolicy):
                     p = max(p, 0.02)
                     extra = (steps - 1) * self.step_gap
                     if T is None:
-                        mult, add = 1.0 / p, extra / p
+                        mult, add = mult / p, extra / p
                     else:
                         T = (T + extra) / p
         else:  # ANCHOR
@@ -456,10 +462,36 @@ class GroupEvictionPolicy(EvictionPolicy):
         mixing its absolute scale with recency-ordered groups measured worse."""
         if sess.ended:
             return INF
-        if sess.n == 0 or not self.sig.tools:
+        if sess.n == 0:
             return None
-        h = self.gaps.specific(sess.tool, sess.cluster)
-        return None if h is None else h.expected_wait(max(0.0, now - sess.last_s))
+        h = self.gaps.specific(sess.tool, sess.cluster) if self.sig.tools else None
+        e = max(0.0, now - sess.last_s)
+        if h is not None:
+            return h.expected_wait(e)
+        mode = self.global_gaps
+        if mode in ("wait", "min"):
+            g = self.gaps.histogram()
+            if g is not None and g.informative():
+                w = g.expected_wait(e)
+                if mode == "min":
+                    front = next(iter(self._front_time(sess)), None)
+                    if front is not None:
+                        w = min(w, (now - front) / max(g.p_return(e), 0.02))
+                return w
+        return None
+
+    def _front_time(self, sess: Session):
+        for g in sess.groups.values():
+            if g.free and g.kind == THREAD:
+                yield next(iter(g.free.values()))[1]
+
+    def _return_probability(self, sess: Session, now: float) -> float:
+        """P(the session comes back | idle for e) from all learned gaps and ends; 1 when
+        too little is learned."""
+        h = self.gaps.global_hist
+        if self.global_gaps != "survival" or h.n < self.gaps.min_samples or sess.n == 0:
+            return 1.0
+        return h.p_return(max(0.0, now - sess.last_s))
 
     def _outputs_dead(self) -> bool:
         n = self._out_n
