@@ -60,7 +60,8 @@ def workload(topology: str, sessions: int, seed: int, concurrency: float):
 def one_run(job: dict) -> dict:
     recs, ctxs = workload(job["topology"], job["sessions"], job["seed"], job["concurrency"])
     cfg = TimedConfig(get_profile(job["profile"]), replicas=job["replicas"], mode="closed",
-                      time_scale=1e-3, max_sessions=job["slots"], warmup_frac=0.2)
+                      time_scale=1e-3, max_sessions=job["slots"], warmup_frac=0.2,
+                      capacity_blocks=job["capacity_blocks"])
     t0 = time.perf_counter()
     try:
         res = run_timed(recs, ctxs, cfg, job["policy"], job["router"])
@@ -85,6 +86,9 @@ def main() -> int:
     ap.add_argument("--replicas", type=int, default=4)
     ap.add_argument("--router", default="round_robin")
     ap.add_argument("--profile", default="h200-llama3-8b")
+    ap.add_argument("--capacity-blocks", type=int, default=8192,
+                    help="KV blocks per replica (default 8192 = 128k tokens = 16 GiB of "
+                         "Llama-3-8B KV; 0 = the profile's whole memory)")
     ap.add_argument("--jobs", type=int, default=1, help="parallel worker processes")
     ap.add_argument("--quick", action="store_true", help="3 light loads, fewer sessions")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "timed.json"))
@@ -104,7 +108,8 @@ def main() -> int:
     jobs = [dict(policy=p, scale=n, slots=n, topology=args.topology,
                  sessions=max(args.min_sessions, int(round(args.sessions_per_slot * n))),
                  seed=args.seed, concurrency=args.concurrency, replicas=args.replicas,
-                 router=args.router, profile=args.profile)
+                 router=args.router, profile=args.profile,
+                 capacity_blocks=args.capacity_blocks or None)
             for n in scales for p in policies]
     t0 = time.perf_counter()
     load_avg = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
@@ -125,6 +130,7 @@ def main() -> int:
     print(format_table(summary, args))
     out = {
         "bench": "timed", "profile": args.profile, "replicas": args.replicas,
+        "capacity_blocks": args.capacity_blocks or get_profile(args.profile).capacity_blocks,
         "router": args.router, "topology": args.topology,
         "sessions_per_slot": args.sessions_per_slot, "min_sessions": args.min_sessions,
         "seed": args.seed, "concurrency": args.concurrency, "slots": scales,

@@ -1,24 +1,29 @@
-"""A min-heap of block ids with O(log n) push/pop and O(1) removal (lazy invalidation).
+"""Priority structures of block ids shared by the heap-ordered baseline policies.
 
-Shared by the heap-ordered baseline policies. Each live block has one token; stale heap
-entries (a block that was removed or re-pushed) are skipped when they reach the top. The
-heap is compacted when stale entries outnumber live ones, so its size stays O(live).
+``LazyHeap``: a min-heap with O(log n) push/pop and O(1) removal (lazy invalidation: each
+live block has one token; stale entries are skipped when they reach the top, and the heap
+is compacted when they outnumber live ones, so its size stays O(live)).
+
+``BucketQueue``: blocks grouped by equal priority (one FIFO bucket per distinct priority,
+a heap over the distinct priorities). Push, removal and pop are O(1) per block plus
+O(log b) per new bucket, where b is the number of distinct live priorities; ties pop in
+push order. The right structure when many blocks share a priority (one release, one
+frequency count).
 """
 
 from __future__ import annotations
 
 import heapq
-from typing import Iterator
+from typing import Any, Iterator
 
 
 class LazyHeap:
-    __slots__ = ("_heap", "_token", "_counter", "_prio")
+    __slots__ = ("_heap", "_token", "_counter")
 
     def __init__(self) -> None:
         self._heap: list[tuple] = []
         self._token: dict[int, int] = {}
         self._counter = 0
-        self._prio: dict[int, tuple] = {}
 
     def __len__(self) -> int:
         return len(self._token)
@@ -26,21 +31,19 @@ class LazyHeap:
     def __contains__(self, block: int) -> bool:
         return block in self._token
 
-    def push(self, block: int, priority: tuple) -> None:
+    def push(self, block: int, priority: Any) -> None:
         """Insert or re-prioritise ``block``; ties go to the earlier push."""
-        self._counter += 1
-        c = self._counter
+        c = self._counter = self._counter + 1
         self._token[block] = c
-        self._prio[block] = priority
-        heapq.heappush(self._heap, (priority, c, block))
-        if len(self._heap) > 64 and len(self._heap) > 2 * len(self._token):
+        heap = self._heap
+        heapq.heappush(heap, (priority, c, block))
+        if not c & 255 and len(heap) > 64 and len(heap) > 2 * len(self._token):
             self._compact()
 
     def remove(self, block: int) -> bool:
-        self._prio.pop(block, None)
         return self._token.pop(block, None) is not None
 
-    def peek(self) -> tuple[tuple, int] | None:
+    def peek(self) -> tuple[Any, int] | None:
         """(priority, block) of the minimum, without removing it."""
         heap, tok = self._heap, self._token
         while heap:
@@ -56,12 +59,8 @@ class LazyHeap:
             _, c, b = heapq.heappop(heap)
             if tok.get(b) == c:
                 del tok[b]
-                del self._prio[b]
                 return b
         return None
-
-    def priority(self, block: int) -> tuple:
-        return self._prio[block]
 
     def ordered(self) -> Iterator[int]:
         """Live blocks, minimum first (O(n log n); tests and reset only)."""
@@ -71,9 +70,91 @@ class LazyHeap:
     def clear(self) -> None:
         self._heap.clear()
         self._token.clear()
-        self._prio.clear()
 
     def _compact(self) -> None:
         tok = self._token
         self._heap = [e for e in self._heap if tok.get(e[2]) == e[1]]
         heapq.heapify(self._heap)
+
+
+class BucketQueue:
+    __slots__ = ("_heap", "_buckets", "_where")
+
+    def __init__(self) -> None:
+        self._heap: list[tuple] = []                 # (priority, bucket serial)
+        self._buckets: dict[Any, dict[int, None]] = {}  # priority -> blocks, FIFO
+        self._where: dict[int, Any] = {}             # block -> its priority
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def __contains__(self, block: int) -> bool:
+        return block in self._where
+
+    def push(self, block: int, priority: Any) -> None:
+        if block in self._where:
+            self.remove(block)
+        bucket = self._buckets.get(priority)
+        if bucket is None:
+            bucket = self._buckets[priority] = {}
+            heapq.heappush(self._heap, priority)
+        bucket[block] = None
+        self._where[block] = priority
+
+    def push_many(self, blocks, priority: Any) -> None:
+        """Push blocks that are not queued yet, in order, all with ``priority``."""
+        bucket = self._buckets.get(priority)
+        if bucket is None:
+            bucket = self._buckets[priority] = {}
+            heapq.heappush(self._heap, priority)
+        where = self._where
+        for b in blocks:
+            bucket[b] = None
+            where[b] = priority
+
+    def remove(self, block: int) -> bool:
+        pri = self._where.pop(block, None)
+        if pri is None:
+            return False
+        buckets = self._buckets
+        bucket = buckets[pri]
+        del bucket[block]
+        if not bucket:
+            del buckets[pri]  # its heap entry is dropped when it surfaces, or compacted
+            if len(self._heap) > 64 + 2 * len(buckets):
+                self._heap = list(buckets)
+                heapq.heapify(self._heap)
+        return True
+
+    def peek_priority(self) -> Any:
+        heap, buckets = self._heap, self._buckets
+        while heap:
+            if heap[0] in buckets:
+                return heap[0]
+            heapq.heappop(heap)
+        return None
+
+    def pop(self) -> int | None:
+        pri = self.peek_priority()
+        if pri is None:
+            return None
+        bucket = self._buckets[pri]
+        b = next(iter(bucket))
+        del bucket[b]
+        del self._where[b]
+        if not bucket:
+            del self._buckets[pri]
+            heapq.heappop(self._heap)
+        return b
+
+    def priority(self, block: int) -> Any:
+        return self._where[block]
+
+    def ordered(self) -> Iterator[int]:
+        for pri in sorted(self._buckets):
+            yield from list(self._buckets[pri])
+
+    def clear(self) -> None:
+        self._heap.clear()
+        self._buckets.clear()
+        self._where.clear()

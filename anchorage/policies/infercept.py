@@ -22,8 +22,9 @@ never reads ``tool_name``/``tool_args`` (nor ``tool_duration_ms``). Parameters:
   block is *stale* once ``now > t + stale_factor * avg_s`` (its prediction was falsified);
   stale blocks are evicted first, the earliest-falsified first.
 
-Cost: O(log n) per victim and per freed block (two heaps with lazy deletion), O(1) per hit
-and per request; state bounded by ``max_sessions``.
+Cost: O(1) per block (hit, release, victim) plus O(log r) per release, ``r`` the number
+of distinct live predictions (bucket queues: one release shares its prediction); state
+bounded by ``max_sessions``.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import math
 from collections import OrderedDict
 from typing import Iterable
 
-from anchorage.policies._lazyheap import LazyHeap
+from anchorage.policies._lazyheap import BucketQueue
 from anchorage.policies.base import EvictionPolicy, RequestContext
 
 
@@ -53,8 +54,10 @@ class InferCeptPolicy(EvictionPolicy):
         # session -> [end of its latest request (or None while one runs), avg gap or None]
         self._sessions: OrderedDict[str, list] = OrderedDict()
         self.global_gap_s: float | None = None
-        self._by_next = LazyHeap()    # evictable blocks by (-predicted next use,)
-        self._by_stale = LazyHeap()   # evictable blocks by (time their prediction fails,)
+        # evictable blocks by -predicted next use, and by the time their prediction fails;
+        # one release shares both priorities, so buckets make it O(1) per block
+        self._by_next = BucketQueue()
+        self._by_stale = BucketQueue()
 
     def predicted_gap_s(self, session_id: str | None) -> float:
         if session_id is None:
@@ -93,12 +96,9 @@ class InferCeptPolicy(EvictionPolicy):
     def on_freed(self, ctx: RequestContext, blocks: list[int]) -> None:
         t = max(self._now, ctx.now_s)
         gap = self.predicted_gap_s(ctx.session_id)
-        nxt = t + gap
-        stale = t + self.stale_factor * gap
-        for b in blocks:
-            self._by_next.push(b, (-nxt,))
-            if stale != math.inf:
-                self._by_stale.push(b, (stale,))
+        self._by_next.push_many(blocks, -(t + gap))
+        if gap != math.inf:
+            self._by_stale.push_many(blocks, t + self.stale_factor * gap)
 
     def on_request_done(self, ctx: RequestContext) -> None:
         t = max(self._now, ctx.now_s)
@@ -113,8 +113,8 @@ class InferCeptPolicy(EvictionPolicy):
             st[0] = t
 
     def pop_victim(self) -> int | None:
-        top = self._by_stale.peek()
-        if top is not None and top[0][0] < self._now:
+        stale = self._by_stale.peek_priority()
+        if stale is not None and stale < self._now:
             b = self._by_stale.pop()
             self._by_next.remove(b)
             return b
@@ -124,8 +124,8 @@ class InferCeptPolicy(EvictionPolicy):
         return b
 
     def eviction_order(self) -> Iterable[int]:
-        now, heap = self._now, self._by_stale
-        stale = [b for b in heap.ordered() if heap.priority(b)[0] < now]
+        now, q = self._now, self._by_stale
+        stale = [b for b in q.ordered() if q.priority(b) < now]
         gone = set(stale)
         return stale + [b for b in self._by_next.ordered() if b not in gone]
 

@@ -12,7 +12,8 @@ evictable block with the smallest ``K_b``; ties go to the block that became free
 ``L <- K_victim``, so old high counts stop protecting a block forever: a block that is
 not used again is overtaken once ``L`` has grown past its priority (aging).
 
-Cost: O(log n) per victim and per freed block (a heap with lazy deletion), O(1) per hit;
+Cost: O(1) per block plus O(log k) per new distinct priority (``k`` live distinct values
+of ``K``: few, since ``K`` is an integer count above the current age), O(1) per hit;
 state is per cached block only (count and priority), dropped on eviction.
 """
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from anchorage.policies._lazyheap import LazyHeap
+from anchorage.policies._lazyheap import BucketQueue
 from anchorage.policies.base import EvictionPolicy, RequestContext
 
 
@@ -31,7 +32,7 @@ class LFUPolicy(EvictionPolicy):
         self.age = 0.0                     # L
         self._freq: dict[int, int] = {}    # cached block -> use count
         self._prio: dict[int, float] = {}  # cached block -> K at its latest use
-        self._heap = LazyHeap()            # evictable blocks by (K,)
+        self._heap = BucketQueue()         # evictable blocks by K (FIFO among equals)
 
     def on_hit(self, ctx: RequestContext, blocks: list[int], were_free: list[int]) -> None:
         heap = self._heap
@@ -52,16 +53,14 @@ class LFUPolicy(EvictionPolicy):
     def on_freed(self, ctx: RequestContext, blocks: list[int]) -> None:
         heap, prio, age = self._heap, self._prio, self.age
         for b in blocks:
-            heap.push(b, (prio.get(b, age + 1),))
+            heap.push(b, prio.get(b, age + 1))
 
     def pop_victim(self) -> int | None:
-        top = self._heap.peek()
-        if top is None:
+        k = self._heap.peek_priority()
+        if k is None:
             return None
-        (k,), b = top
-        self._heap.pop()
         self.age = max(self.age, k)
-        return b
+        return self._heap.pop()
 
     def on_evicted(self, block: int, key) -> None:
         self._freq.pop(block, None)

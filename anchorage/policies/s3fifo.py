@@ -96,7 +96,7 @@ class S3FIFOPolicy(EvictionPolicy):
     def on_freed(self, ctx: RequestContext, blocks: list[int]) -> None:
         queue, pos, free = self._queue, self._pos, self._free
         for b in blocks:
-            free[queue[b]].push(b, (pos[b],))
+            free[queue[b]].push(b, pos[b])
 
     def pop_victim(self) -> int | None:
         fs, fm = self._free
@@ -111,14 +111,14 @@ class S3FIFOPolicy(EvictionPolicy):
                     self._size[_M] += 1
                     self._insert(b, _M)
                     freq[b] = 0
-                    fm.push(b, (self._pos[b],))
+                    fm.push(b, self._pos[b])
                     continue
                 return b
             b = fm.pop()
             if freq[b] > 0:
                 freq[b] -= 1
                 self._insert(b, _M)
-                fm.push(b, (self._pos[b],))
+                fm.push(b, self._pos[b])
                 continue
             return b
         return None
