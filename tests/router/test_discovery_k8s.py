@@ -12,6 +12,9 @@ import pytest
 
 from tests.conftest import need
 
+# the test cluster's serving certificate is self-signed (kubeconfig skips verification)
+pytestmark = pytest.mark.filterwarnings("ignore:Unverified HTTPS request")
+
 
 @pytest.fixture(scope="module")
 def kube(tmp_path_factory):
