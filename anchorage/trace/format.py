@@ -122,7 +122,9 @@ def open_text(path: str | os.PathLike, mode: str = "r") -> IO[str]:
             return gzip.open(p, "rt", encoding="utf-8-sig")
         return open(p, "r", encoding="utf-8-sig")
     if p.endswith(".xz"):
-        return lzma.open(p, "wt", encoding="utf-8")
+        # preset 1: ~6x faster than the default 6 on traces (long runs of chained ids),
+        # for files ~1.5x larger; a 94M-id trace writes in about a minute instead of six.
+        return lzma.open(p, "wt", encoding="utf-8", preset=1)
     if p.endswith(".gz"):
         return gzip.open(p, "wt", encoding="utf-8")
     return open(p, "w", encoding="utf-8")
