@@ -141,6 +141,8 @@ def build_app(cfg: RouterConfig) -> FastAPI:
                                     max_keepalive_connections=self.cfg.max_connections),
                 timeout=httpx.Timeout(self.cfg.read_timeout_s, connect=self.cfg.connect_timeout_s))
             self._ids = itertools.count()
+            self._auth = ({"authorization": f"Bearer {self.cfg.upstream_api_key}"}
+                          if self.cfg.upstream_api_key else {})
 
         @api.get("/healthz")
         async def healthz(self) -> Response:
@@ -161,7 +163,7 @@ def build_app(cfg: RouterConfig) -> FastAPI:
                 if not u["healthy"]:
                     continue
                 try:
-                    r = await self.client.get(u["url"] + "/v1/models", timeout=5)
+                    r = await self.client.get(u["url"] + "/v1/models", timeout=5, headers=self._auth)
                     if r.status_code == 200:
                         return Response(r.content, media_type="application/json")
                 except httpx.HTTPError:
@@ -233,8 +235,8 @@ def build_app(cfg: RouterConfig) -> FastAPI:
                 try:
                     req = self.client.build_request(
                         "POST", url + path, content=fwd,
-                        headers={"content-type": "application/json", "accept": headers.get(
-                            "accept", "application/json")})
+                        headers={"content-type": "application/json", **self._auth,
+                                 "accept": headers.get("accept", "application/json")})
                     resp = await self.client.send(req, stream=True)
                 except httpx.HTTPError as exc:
                     last_error = f"{type(exc).__name__} from a replica"

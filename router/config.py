@@ -16,6 +16,7 @@ class RouterConfig:
     block_size: int = 16                   # token-id prompts: tokens per block
     chars_per_block: int = 64              # text prompts: characters per block (approx.)
     tenant_secret: str = ""                # keys the tenant id and cache_salt hashes
+    upstream_api_key: str = ""             # sent to replicas (vLLM --api-key); never the client's
     # limits
     max_body_bytes: int = 4 * 1024 * 1024
     max_prompt_chars: int = 2_000_000
@@ -58,5 +59,6 @@ class RouterConfig:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d["tenant_secret"] = "***" if self.tenant_secret else ""
+        for secret in ("tenant_secret", "upstream_api_key"):
+            d[secret] = "***" if d[secret] else ""
         return d

@@ -2,6 +2,9 @@
 
     anchorage router --replicas http://10.0.0.5:8000,http://10.0.0.6:8000 --policy agent
     anchorage router --discovery kubernetes --k8s-selector app=vllm --k8s-port 8000
+
+Secrets come from the environment, never flags: ANCHORAGE_TENANT_SECRET (keys the tenant
+id and cache_salt hashes of API keys), ANCHORAGE_UPSTREAM_API_KEY (sent to the replicas).
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ def make_config(args):
         max_body_bytes=args.max_body_bytes, retries=args.retries, discovery=args.discovery,
         k8s_namespace=args.k8s_namespace, k8s_selector=args.k8s_selector,
         k8s_port=args.k8s_port, k8s_kind=args.k8s_kind,
-        tenant_secret=os.environ.get("ANCHORAGE_TENANT_SECRET", ""))
+        tenant_secret=os.environ.get("ANCHORAGE_TENANT_SECRET", ""),
+        upstream_api_key=os.environ.get("ANCHORAGE_UPSTREAM_API_KEY", ""))
     try:
         return cfg.validate()
     except ValueError as exc:
