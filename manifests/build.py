@@ -8,7 +8,6 @@ Outputs:
   base/anchorage.yaml      the operator (ServiceAccount, RBAC, Deployment, Service,
                            NetworkPolicy, PodDisruptionBudget, ClusterKopfPeering) in
                            namespace anchorage-system
-  base/kopf-peerings.yaml  kopf's peering CRDs (a copy of charts/anchorage/crds/)
   examples/llm/stack.yaml  one vLLM model with the node-agent sidecar, its Service, PDB and
                            AgentCachePolicy, and the router, in namespace llm
 tests/chart/test_manifests.py runs --check and validates the kustomize output.
@@ -67,7 +66,6 @@ def render(values: dict, namespace: str) -> str:
 def outputs() -> dict[Path, str]:
     return {
         HERE / "base" / "anchorage.yaml": render(OPERATOR_VALUES, "anchorage-system"),
-        HERE / "base" / "kopf-peerings.yaml": (CHART / "crds" / "kopf-peerings.yaml").read_text(),
         HERE / "examples" / "llm" / "stack.yaml": render(STACK_VALUES, "llm"),
     }
 

@@ -63,8 +63,3 @@ def test_example_policies_valid():
         for d in yaml.safe_load_all(f.read_text()):
             assert d["kind"] == "AgentCachePolicy", f
             jsonschema.validate(d, _crd_schema("AgentCachePolicy"))
-
-
-def test_kopf_peering_crds_are_the_charts():
-    assert (MANIFESTS / "base" / "kopf-peerings.yaml").read_bytes() == \
-        (REPO / "charts" / "anchorage" / "crds" / "kopf-peerings.yaml").read_bytes()

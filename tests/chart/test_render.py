@@ -182,13 +182,15 @@ def test_dashboard_configmaps(default_objects):
         assert json.loads(text) == json.loads((CHART / "dashboards" / f"{name}.json").read_text())
 
 
-def test_crd_in_chart_is_the_manifests_crd():
-    src = REPO / "manifests" / "crd" / "agentcachepolicies.anchorage.dev.yaml"
-    copy = CHART / "crds" / "agentcachepolicies.anchorage.dev.yaml"
-    assert src.exists(), "manifests/crd/agentcachepolicies.anchorage.dev.yaml is missing"
-    assert copy.read_bytes() == src.read_bytes(), (
-        "charts/anchorage/crds/ differs from manifests/crd/: run "
-        "`cp manifests/crd/agentcachepolicies.anchorage.dev.yaml charts/anchorage/crds/`")
+def test_chart_crds_are_the_manifests_crds():
+    """charts/anchorage/crds/ holds byte copies of manifests/crd/ (one source of truth)."""
+    src = {p.name: p for p in (REPO / "manifests" / "crd").glob("*.yaml")}
+    assert "agentcachepolicies.anchorage.dev.yaml" in src, "manifests/crd/ has no AgentCachePolicy CRD"
+    assert {p.name for p in crd_files()} == set(src), "charts/anchorage/crds/ and manifests/crd/ differ"
+    for f in crd_files():
+        assert f.read_bytes() == src[f.name].read_bytes(), (
+            f"charts/anchorage/crds/{f.name} differs from manifests/crd/: run "
+            f"`cp manifests/crd/*.yaml charts/anchorage/crds/`")
 
 
 def test_crds_are_valid_crds():
@@ -299,8 +301,8 @@ def test_model_pod_wiring(all_on_objects):
     assert "--max-model-len=32768" in args and "--max-num-seqs=64" in args
     i = args.index("--kv-events-config")
     assert json.loads(args[i + 1]) == json.loads(KV_EVENTS) and args[i + 1] == KV_EVENTS
-    assert vllm["resources"]["limits"]["nvidia.com/gpu"] == 2
-    assert vllm["resources"]["requests"]["nvidia.com/gpu"] == 2
+    assert vllm["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert vllm["resources"]["requests"]["nvidia.com/gpu"] == "2"
     env = _env(vllm)
     assert env["ANCHORAGE_POLICY"] == "hybrid" and env["ANCHORAGE_SCHEDULER"] == "prefix-aware"
     assert env["VLLM_PLUGINS"] == "anchorage"
@@ -519,3 +521,25 @@ def test_monitors_select_existing_ports(all_on_objects):
     sm = one(router, "ServiceMonitor", "-router")
     assert sm["spec"]["endpoints"][0]["port"] == "http"
     assert one(router, "Service", "-router")["spec"]["ports"][0]["name"] == "http"
+
+
+def test_resource_quantities_are_strings(all_on_objects):
+    """Server-side apply (Helm 4's default) on Kubernetes 1.20 rejects bare numbers in
+    quantities ("expected string"); the chart renders every quantity as a string."""
+    values = all_on_values()
+    values["modelDefaults"] = {"resources": {"requests": {"cpu": 4, "memory": 1_000_000_000},
+                                             "limits": {"cpu": 0.5}}}
+    docs = objects(render(values, api_versions=MONITORING_APIS)) + all_on_objects
+    seen = 0
+    for d in docs:
+        pod = deep(d, "spec", "template", "spec") or {}
+        for c in pod.get("containers", []):
+            for section in ("requests", "limits"):
+                for k, q in (c.get("resources", {}).get(section) or {}).items():
+                    assert isinstance(q, str), (d["metadata"]["name"], c["name"], k, q)
+                    seen += 1
+    assert seen > 10
+    dep = one(objects(render(values)), "Deployment", "-llama-70b")
+    res = _containers(dep)["vllm"]["resources"]
+    assert res["requests"] == {"cpu": "4", "memory": "1000000000", "nvidia.com/gpu": "2"}
+    assert res["limits"] == {"cpu": "0.5", "memory": "64Gi", "nvidia.com/gpu": "2"}

@@ -146,3 +146,27 @@ override an entry's `false`, hence anchorage.overlay. */}}
 {{- end -}}
 {{- toJson $out -}}
 {{- end -}}
+
+{{/* A container's resources with every quantity as a string: server-side apply (Helm 4's
+default) rejects bare numbers in quantities on Kubernetes 1.20 ("expected string"). */}}
+{{- define "anchorage.resources" -}}
+{{- $out := dict -}}
+{{- range $section, $q := . -}}
+{{- if kindIs "map" $q -}}
+{{- $m := dict -}}
+{{- range $k, $v := $q -}}
+{{- if kindIs "string" $v -}}
+{{- $_ := set $m $k $v -}}
+{{- else if eq (float64 $v) (float64 (int64 $v)) -}}
+{{- $_ := set $m $k (toString (int64 $v)) -}}
+{{- else -}}
+{{- $_ := set $m $k (toString $v) -}}
+{{- end -}}
+{{- end -}}
+{{- $_ := set $out $section $m -}}
+{{- else -}}
+{{- $_ := set $out $section $q -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $out -}}
+{{- end -}}
