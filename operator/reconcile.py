@@ -230,7 +230,8 @@ def reconcile(*, name: str, namespace: str, uid: str, generation: int | None,
         out.facts["scaled"] = "up" if desired > current else "down"
         out.status.update(lastScaleTime=iso(now_s), lastScaleReason=reason)
         events.append(Event("Normal", "Scaled", f"{kind} {tname}: {reason}"))
-    out.status.update(replicas=desired, desiredReplicas=desired)
+    # replicas: what the workload reports running (its scale status); desired: the decision.
+    out.status.update(replicas=scale.status_replicas, desiredReplicas=desired)
     conds = set_condition(conds, "Ready", "True", "Reconciled",
                           f"{kind} {tname} at {desired} replicas: {reason}", now_s, generation)
 
