@@ -247,3 +247,25 @@ def test_session_slots_gate_session_starts():
     assert out["measured_requests"] < out["requests"]
     with pytest.raises(ValueError):
         TimedConfig(tiny_profile(), mode="open", max_sessions=2)
+
+
+def test_policy_anchor_labels_reach_the_router():
+    from anchorage.policies.lru import LRUPolicy
+    from anchorage.routing.base import Router
+
+    class Labelled(LRUPolicy):
+        def anchor_labels(self):
+            return ["agent-x"]
+
+    seen = []
+
+    class Spy(Router):
+        def pick(self, ctx, replicas):
+            seen.append([v.extra.get("anchors") for v in replicas])
+            return 0
+
+    recs = session_trace(seed=8, sessions=2, turns=2)
+    cfg = TimedConfig(tiny_profile(), replicas=2)
+    sim = ClusterSim(cfg, Labelled, Spy())
+    sim.run(build_workload(recs, make_contexts(recs), cfg))
+    assert seen and all(s == [["agent-x"], ["agent-x"]] for s in seen)
