@@ -38,11 +38,23 @@ def tenant_salt(tenant: str | None, secret: str = "") -> str | None:
                            digest_size=16).hexdigest()
 
 
+def root_key(salt: str | None = None) -> int:
+    return stable_hash(b"anchorage-root:" + (salt or "").encode())
+
+
+def next_key(prev: int, chunk: bytes) -> int:
+    return stable_hash(prev.to_bytes(8, "little") + chunk)
+
+
+def token_chunk(token_ids: Sequence[int]) -> bytes:
+    return ",".join(map(str, token_ids)).encode()
+
+
 def chain_keys(chunks: Iterable[bytes], salt: str | None = None) -> list[int]:
-    prev = stable_hash(b"anchorage-root:" + (salt or "").encode())
+    prev = root_key(salt)
     out = []
     for c in chunks:
-        prev = stable_hash(prev.to_bytes(8, "little") + c)
+        prev = next_key(prev, c)
         out.append(prev)
     return out
 
@@ -52,9 +64,8 @@ def token_block_keys(token_ids: Sequence[int], block_size: int,
     if block_size <= 0:
         raise ValueError("block_size must be positive")
     n = len(token_ids) // block_size
-    chunks = (",".join(map(str, token_ids[i * block_size:(i + 1) * block_size])).encode()
-              for i in range(n))
-    return chain_keys(chunks, salt)
+    return chain_keys((token_chunk(token_ids[i * block_size:(i + 1) * block_size])
+                       for i in range(n)), salt)
 
 
 def text_block_keys(text: str, chars_per_block: int = 256, salt: str | None = None) -> list[int]:

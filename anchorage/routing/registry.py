@@ -14,7 +14,8 @@ from typing import Any, Callable
 from anchorage.routing.base import Router
 
 _ROUTERS: dict[str, Callable[..., Router]] = {}
-_NOT_ROUTERS = {"base", "registry", "events", "keys", "load", "prefix_index", "metadata"}
+_NOT_ROUTERS = {"base", "registry", "events", "keys", "load", "prefix_index", "metadata",
+                "vllm_events"}
 
 
 def _load() -> None:
