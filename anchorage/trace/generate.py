@@ -39,6 +39,11 @@ pure and deterministic for a seed. It models a fleet of agent sessions sharing o
     rest share 0.1.
   - ``random`` (agent0..): rows drawn from Dirichlet(50): near-uniform, nothing to learn.
 
+  Each session's task favours two agents (``session_transitions``): in ``selector``,
+  ``handoff`` and ``hierarchical`` the chance of moving to them is multiplied by
+  ``session_affinity`` (default 4), so a session's own history predicts its next agent
+  better than the global matrix does.
+
 * **Tools.** A tool call's duration is lognormal with parameters per (tool, argument
   class), e.g. ``read_file`` of a source file (median 15 ms) vs of a data dump (120 ms),
   ``run_tests`` on one test file (6 s) vs the whole suite (75 s); see ``TOOLS``. The
@@ -243,6 +248,25 @@ def transition_matrix(topology: str, agents: int, seed: int = 0) -> list[list[fl
     return P
 
 
+def session_transitions(P: list[list[float]], topology: str, rng: random.Random,
+                        affinity: float) -> list[list[float]]:
+    """A session's own transition matrix: the task favours two agents. In ``selector``
+    (the selector's choice), ``handoff`` (every hand-off) and ``hierarchical`` (the
+    manager's choice of lead), the probability of moving to a favoured agent is
+    multiplied by ``affinity`` and the row renormalized; other topologies are unchanged."""
+    rows = {"selector": [0], "handoff": list(range(len(P))), "hierarchical": [0]}.get(topology)
+    if not rows or affinity == 1:
+        return P
+    cand = sorted({j for i in rows for j, p in enumerate(P[i]) if p > 0 and j != i})
+    fav = set(rng.sample(cand, min(2, len(cand))))
+    out = [list(r) for r in P]
+    for i in rows:
+        row = [p * affinity if j in fav else p for j, p in enumerate(out[i])]
+        tot = sum(row)
+        out[i] = [p / tot for p in row]
+    return out
+
+
 def start_agent(topology: str) -> int | None:
     """Index of the agent every session starts with (None: uniform)."""
     return None if topology == "random" else 0
@@ -356,7 +380,7 @@ def _draw(rng: random.Random, weights: list[float]) -> int:
 def generate(topology: str, agents: int, sessions: int, seed: int, *, block_size: int = 16,
              mean_requests: float = 16.0, concurrency: float = 64.0,
              anchor_tokens: int = 1500, max_context_tokens: int = 32768,
-             think_ms: float = 300.0, tenants: int = 0
+             think_ms: float = 300.0, tenants: int = 0, session_affinity: float = 4.0
              ) -> tuple[TraceHeader, list[TraceRecord]]:
     """Generate a workload; see the module docstring. Raises ValueError on bad options."""
     _check_topology(topology, agents)
@@ -366,8 +390,9 @@ def generate(topology: str, agents: int, sessions: int, seed: int, *, block_size
             raise ValueError(f"{name} must be a positive int, got {v!r}")
     if not mean_requests >= 2:
         raise ValueError(f"mean_requests must be >= 2, got {mean_requests!r}")
-    if not concurrency > 0 or not think_ms >= 0 or tenants < 0:
-        raise ValueError("concurrency must be > 0, think_ms >= 0 and tenants >= 0")
+    if not concurrency > 0 or not think_ms >= 0 or tenants < 0 or not session_affinity >= 1:
+        raise ValueError("concurrency must be > 0, think_ms >= 0, tenants >= 0 and "
+                         "session_affinity >= 1")
     if max_context_tokens < 8000 + 2000:
         raise ValueError("max_context_tokens must be >= 10000 (anchors reach 8000 tokens)")
 
@@ -388,6 +413,7 @@ def generate(topology: str, agents: int, sessions: int, seed: int, *, block_size
         n_req = min(n_req, 400)
         task_tokens = int(min(4000, max(20, _lognormal(rng, 250, 0.6))))
         tenant = f"tenant{rng.randrange(tenants)}" if tenants else None
+        Ps = session_transitions(P, topology, rng, session_affinity)
         sid = f"s{s:05d}"
         # history segments: (key, tokens, visible_to or None for everyone)
         segments: list[tuple[Any, int, frozenset | None]] = []
@@ -433,7 +459,7 @@ def generate(topology: str, agents: int, sessions: int, seed: int, *, block_size
                 gap, nxt = dur, cur
             else:
                 gap = _lognormal(rng, think_ms, 0.8) if think_ms > 0 else 0.0
-                nxt = _draw(rng, P[cur])
+                nxt = _draw(rng, Ps[cur])
             events.append(_Event(t, s, step, rec))
             t = done + gap
             cur = nxt
@@ -463,7 +489,7 @@ def generate(topology: str, agents: int, sessions: int, seed: int, *, block_size
             "topology": topology, "agents": agents, "sessions": sessions, "seed": seed,
             "mean_requests": mean_requests, "concurrency": concurrency,
             "anchor_tokens": anchor_tokens, "max_context_tokens": max_context_tokens,
-            "think_ms": think_ms, "tenants": tenants,
+            "think_ms": think_ms, "tenants": tenants, "session_affinity": session_affinity,
             "agent_names": [a.name for a in specs]}})
     assert header.format == FORMAT
     return header, records

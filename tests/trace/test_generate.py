@@ -12,7 +12,7 @@ from anchorage.cli import main
 from anchorage.trace.blocks import PrefixIds, n_blocks, token_blocks
 from anchorage.trace.format import TraceReader, dumps_trace, read_trace
 from anchorage.trace.generate import (TOPOLOGIES, agent_names, generate, service_ms,
-                                      transition_matrix)
+                                      session_transitions, transition_matrix)
 
 
 @pytest.fixture(scope="module")
@@ -235,3 +235,34 @@ def test_cli_generate_errors(capsys, argv, problem):
     assert main(["trace", "generate", *argv]) == 2
     err = capsys.readouterr().err
     assert problem in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_session_transitions_favour_two_agents():
+    import random as _random
+
+    P = transition_matrix("selector", 6)
+    Ps = session_transitions(P, "selector", _random.Random(1), 4.0)
+    assert Ps[1:] == P[1:] and abs(sum(Ps[0]) - 1) < 1e-9
+    boosted = [j for j in range(6) if Ps[0][j] > P[0][j]]
+    assert len(boosted) == 2 and 0 not in boosted
+    assert session_transitions(P, "pipeline", _random.Random(1), 4.0) is P
+    assert session_transitions(P, "selector", _random.Random(1), 1.0) is P
+
+
+def test_a_session_predicts_its_own_next_agent():
+    """Per-session choices concentrate on the session's favourites more than on the
+    globally most popular workers: per-session learning has something to learn."""
+    _, recs = generate("selector", 8, 120, seed=4, mean_requests=24)
+    picks = {sid: [b.agent for a, b in zip(s, s[1:])
+                   if a.agent == "selector" and a.tool_name is None]
+             for sid, s in _by_session(recs).items()}
+    overall = Counter(x for p in picks.values() for x in p)
+    top2 = {a for a, _ in overall.most_common(2)}
+    own = glob = n = 0
+    for p in picks.values():
+        if len(p) >= 6:
+            fav = {a for a, _ in Counter(p).most_common(2)}
+            own += sum(x in fav for x in p)
+            glob += sum(x in top2 for x in p)
+            n += len(p)
+    assert n > 200 and own / n > glob / n + 0.05
