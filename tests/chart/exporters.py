@@ -122,25 +122,31 @@ def _serve_text_format(registry) -> ThreadingHTTPServer:
 
 
 class DocumentedExporter:
-    """A prometheus_client collector serving the documented series of some emitters."""
+    """A prometheus_client collector serving the documented series of some emitters.
 
-    def __init__(self, emitters: set[str], *, hit_rate: float = 0.5, pod_index: int = 0):
+    ``pods`` maps pod name -> prefix-cache hit rate: the series are emitted once per pod
+    with `namespace` and `pod` labels (scrape with honor_labels), so all pods' samples
+    share scrape timestamps and rates over them are exactly comparable."""
+
+    def __init__(self, emitters: set[str], *, pods: dict[str, float] | None = None,
+                 namespace: str = "llm"):
         from prometheus_client import CollectorRegistry
 
         self.series = [s for s in documented() if s.emitter in emitters]
-        self.hit_rate, self.pod_index = hit_rate, pod_index
+        self.pods = pods or {}
+        self.namespace = namespace
         self.t0 = time.monotonic() - 60.0   # counters start as if 60 s had passed
         self.registry = CollectorRegistry()
         self.registry.register(self)
         self._server = _serve_text_format(self.registry)
         self.port = self._server.server_address[1]
 
-    def _counter_rate(self, s: Series, i: int) -> float:
+    def _counter_rate(self, s: Series, i: int, hit_rate: float) -> float:
         if s.name == "vllm:prefix_cache_hits_total":
-            return COUNTER_RATES["vllm:prefix_cache_queries_total"] * self.hit_rate
+            return COUNTER_RATES["vllm:prefix_cache_queries_total"] * hit_rate
         return COUNTER_RATES.get(s.name, 1.0 + i)
 
-    def _gauge(self, s: Series, labels: dict[str, str], i: int) -> float:
+    def _gauge(self, s: Series, i: int, pod_index: int) -> float:
         if s.name.endswith("_timestamp_seconds"):
             return time.time()
         if s.name == "anchorage_router_replica_healthy":
@@ -149,7 +155,7 @@ class DocumentedExporter:
             return 0.25 + 0.5 * (i % 2)
         if s.name.endswith("_info") or s.name.endswith("_available"):
             return 1.0
-        return 2.0 + i + self.pod_index
+        return 2.0 + i + pod_index
 
     def collect(self):
         from prometheus_client.core import (
@@ -159,26 +165,30 @@ class DocumentedExporter:
         )
 
         elapsed = time.monotonic() - self.t0
+        pods = list(self.pods.items()) or [(None, 0.5)]
         for s in self.series:
-            sets = _label_sets(s)
-            keys = list(s.labels)
+            keys = list(s.labels) + (["namespace", "pod"] if self.pods else [])
             if s.type == "counter":
                 fam = CounterMetricFamily(s.name.removesuffix("_total"), s.name, labels=keys)
-                for i, ls in enumerate(sets):
-                    fam.add_metric([ls[k] for k in keys], self._counter_rate(s, i) * elapsed)
-            elif s.type == "gauge" or s.type.startswith("gauge"):
+            elif s.type == "gauge":
                 fam = GaugeMetricFamily(s.name, s.name, labels=keys)
-                for i, ls in enumerate(sets):
-                    fam.add_metric([ls[k] for k in keys], self._gauge(s, ls, i))
             elif s.type == "histogram":
                 fam = HistogramMetricFamily(s.name, s.name, labels=keys)
-                n = HIST_RATE * elapsed
-                for ls in sets:
-                    buckets = [(str(b), f * n) for b, f in zip(HIST_BUCKETS, HIST_FRACTIONS)]
-                    buckets.append(("+Inf", n))
-                    fam.add_metric([ls[k] for k in keys], buckets, sum_value=0.05 * n)
             else:
                 raise AssertionError(f"docs/metrics.md: unknown type {s.type!r} of {s.name}")
+            for p, (pod, hit_rate) in enumerate(pods):
+                extra = [self.namespace, pod] if self.pods else []
+                for i, ls in enumerate(_label_sets(s)):
+                    values = [ls[k] for k in s.labels] + extra
+                    if s.type == "counter":
+                        fam.add_metric(values, self._counter_rate(s, i, hit_rate) * elapsed)
+                    elif s.type == "gauge":
+                        fam.add_metric(values, self._gauge(s, i, p))
+                    else:
+                        n = HIST_RATE * elapsed
+                        buckets = [(str(b), f * n) for b, f in zip(HIST_BUCKETS, HIST_FRACTIONS)]
+                        buckets.append(("+Inf", n))
+                        fam.add_metric(values, buckets, sum_value=0.05 * n)
             yield fam
 
     def close(self) -> None:

@@ -16,14 +16,6 @@ from tests.chart.conftest import CHART, NAMESPACE, RELEASE, model
 from tests.conftest import REPO, need, need_module
 
 GROUP, VERSION, PLURAL = "anchorage.dev", "v1alpha1", "agentcachepolicies"
-CRD = REPO / "manifests" / "crd" / f"{PLURAL}.{GROUP}.yaml"
-# Known defect, owned by the operator's CRD (manifests/crd/): kube-apiserver 1.20 rejects
-# the empty-string default of spec.metrics.selector when the CRD is applied (`kubectl
-# apply`, `helm install`): "...selector].default: Invalid value: "null": in body must be
-# of type string". Fix: delete that `default: ''` line (then copy the file to
-# charts/anchorage/crds/). Until then the install is expected to fail with exactly that
-# error and these tests report xfail; once the line is gone, they run normally.
-CRD_EMPTY_DEFAULT = "default: ''" in CRD.read_text()
 pytestmark = [
     # The test API server's certificate is self-signed (loopback only).
     pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning"),
@@ -56,16 +48,8 @@ def release(cluster, api):
 
     helm = Config(kubeconfig_path=str(cluster.kubeconfig), namespace=NAMESPACE)
     values = {"models": [model("llama-8b"), model("qwen-7b", policy="cachewise")]}
-    from helm_python import HelmReleaseError
-
-    try:
-        rel = helm.install(str(CHART), RELEASE, values, namespace=NAMESPACE,
-                           create_namespace=True, timeout=120)
-    except HelmReleaseError as exc:
-        if CRD_EMPTY_DEFAULT and "selector].default" in str(exc):
-            pytest.xfail("manifests/crd: `default: ''` of spec.metrics.selector is rejected by "
-                         "kube-apiserver 1.20 on apply; remove that line")
-        raise
+    rel = helm.install(str(CHART), RELEASE, values, namespace=NAMESPACE,
+                       create_namespace=True, timeout=120)
     yield helm, rel
     helm.uninstall(RELEASE, ignore_not_found=True, timeout=120)
 
