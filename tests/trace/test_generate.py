@@ -252,7 +252,7 @@ def test_session_transitions_favour_two_agents():
 def test_a_session_predicts_its_own_next_agent():
     """Per-session choices concentrate on the session's favourites more than on the
     globally most popular workers: per-session learning has something to learn."""
-    _, recs = generate("selector", 8, 120, seed=4, mean_requests=24)
+    _, recs = generate("selector", 8, 80, seed=4, mean_requests=20)
     picks = {sid: [b.agent for a, b in zip(s, s[1:])
                    if a.agent == "selector" and a.tool_name is None]
              for sid, s in _by_session(recs).items()}
