@@ -147,6 +147,30 @@ def test_invalid_policy_rejected_by_api_server(release, api, spec, field):
     assert field in json.loads(exc.value.body)["message"]
 
 
+def test_upgrade_to_namespaced_operator(release, api):
+    """helm upgrade: watching only `llm` moves the operator's rights into a Role there and
+    the peering into a namespaced KopfPeering; the router picks up its new policy."""
+    from kubernetes import client
+
+    helm, _ = release
+    values = {"models": [model("llama-8b"), model("qwen-7b", policy="cachewise")],
+              "operator": {"watchNamespaces": [NAMESPACE]}, "router": {"policy": "session"}}
+    helm.upgrade(str(CHART), RELEASE, values, namespace=NAMESPACE, timeout=120)
+    assert _can(api, "patch", "deployments", group="apps", subresource="scale")
+    assert not _can(api, "patch", "deployments", group="apps", subresource="scale", namespace="other")
+    assert not _can(api, "watch", "agentcachepolicies", group=GROUP, namespace="other")
+    co = client.CustomObjectsApi(api)
+    peer = co.get_namespaced_custom_object("kopf.dev", "v1", NAMESPACE, "kopfpeerings", "anchorage")
+    assert peer["metadata"]["name"] == "anchorage"
+    apps = client.AppsV1Api(api)
+    args = apps.read_namespaced_deployment(f"{RELEASE}-anchorage-router", NAMESPACE) \
+        .spec.template.spec.containers[0].args
+    assert "--policy=session" in args
+    args = apps.read_namespaced_deployment(f"{RELEASE}-anchorage-operator", NAMESPACE) \
+        .spec.template.spec.containers[0].args
+    assert f"--namespace={NAMESPACE}" in args
+
+
 def test_uninstall_removes_the_release(cluster, api, release):
     from kubernetes import client
 
