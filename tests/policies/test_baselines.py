@@ -310,3 +310,31 @@ def test_property_any_interleaving(name, ops):
         pool.free(a)
     pool.check_invariants()
     assert pool.num_free_blocks == 10
+
+
+def test_priority_structures_match_a_sorted_reference():
+    from anchorage.policies._lazyheap import BucketQueue, LazyHeap
+
+    rng = random.Random(11)
+    for cls in (LazyHeap, BucketQueue):
+        q, ref, t = cls(), {}, 0  # ref: block -> (priority, push time)
+        for _ in range(3000):
+            r = rng.random()
+            if r < 0.5:
+                b, pri = rng.randrange(200), rng.randrange(20)
+                if b in ref and cls is BucketQueue:
+                    q.remove(b)
+                t += 1
+                q.push(b, pri)
+                ref[b] = (pri, t)
+            elif r < 0.75 and ref:
+                b = rng.choice(sorted(ref))
+                assert q.remove(b)
+                del ref[b]
+            elif ref:
+                want = min(ref, key=lambda b: ref[b])
+                assert q.pop() == want
+                del ref[want]
+            assert len(q) == len(ref)
+        assert list(q.ordered()) == sorted(ref, key=lambda b: ref[b])
+        assert len(q._heap) <= 2 * len(ref) + 300  # compaction keeps the heap bounded
