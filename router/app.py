@@ -43,6 +43,11 @@ class RoutingStateActor(RoutingState):
     def __init__(self, config: dict[str, Any]) -> None:
         super().__init__(config)
         self._discovery = None
+        self._kv = None
+        if self.cfg.kv_events or self.cfg.kv_events_port:
+            from anchorage.router.kv_events import KVEventSubscriber
+            self._kv = KVEventSubscriber(self.queue_kv_events, self.cfg.kv_events_topic).start()
+            self._kv.set_endpoints(self.kv_endpoints())
         if self.cfg.discovery == "kubernetes":
             import threading
 
@@ -60,6 +65,8 @@ class RoutingStateActor(RoutingState):
         if self._discovery is not None and self._pending is not None:
             urls, self._pending = self._pending, None
             self.set_replicas(urls)
+            if self._kv is not None:
+                self._kv.set_endpoints(self.kv_endpoints())
 
     def pick(self, ctx, exclude=(), tokens_per_key=1.0):  # type: ignore[override]
         self._apply_pending()

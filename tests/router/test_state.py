@@ -86,3 +86,16 @@ def test_parse_vllm_gauges_ignores_other_series():
 def test_config_errors_are_clear(kw, msg):
     with pytest.raises(ValueError, match=msg):
         RouterConfig(**{"replicas": URLS, **kw}).validate()
+
+
+def test_kv_events_reach_the_policy_in_router_keys():
+    from anchorage.routing.keys import token_block_keys
+    s = state(policy="precise_prefix", kv_events={URLS[1]: "ipc:///tmp/x"}, kv_events_port=5557)
+    assert s.kv_endpoints() == {URLS[0]: "tcp://127.0.0.1:5557", URLS[1]: "ipc:///tmp/x"}
+    prompt = list(range(64))
+    s.queue_kv_events(URLS[1], [{"type": "BlockStored", "block_hashes": [b"a", b"b"],
+                                 "parent_block_hash": None, "token_ids": prompt[:32],
+                                 "block_size": 16}])
+    c = RequestContext(request_id=1, keys=token_block_keys(prompt, 16), input_length=64)
+    d = s.pick(c, tokens_per_key=16)
+    assert d["replica"] == 1 and d["predicted_tokens"] == 32 and s.kv_events_applied == 1
