@@ -124,6 +124,41 @@ def all_on_objects() -> list[dict]:
     return objects(render(all_on_values(), api_versions=MONITORING_APIS))
 
 
+# Kinds whose schemas are not Kubernetes built-ins: checked against the CRDs we ship
+# (AgentCachePolicy, kopf peerings) or structurally (Prometheus Operator, KubeRay).
+CUSTOM_KINDS = {"AgentCachePolicy", "ClusterKopfPeering", "KopfPeering", "ServiceMonitor",
+                "PodMonitor", "PrometheusRule", "RayService"}
+
+
+def k8s_validate(docs: list[dict]) -> int:
+    """Validate built-in objects against the newest Kubernetes schemas kubernetes-validate
+    ships (--strict: unknown fields are errors); returns how many were checked."""
+    need_module("kubernetes_validate", "kubernetes-validate (pip install kubernetes-validate)")
+    import kubernetes_validate
+    from kubernetes_validate.utils import latest_version
+
+    version = latest_version()
+    checked = 0
+    for d in docs:
+        if d["kind"] in CUSTOM_KINDS:
+            continue
+        try:
+            kubernetes_validate.validate(d, version, strict=True)
+        except kubernetes_validate.ValidationError as e:  # pragma: no cover - the failure path
+            pytest.fail(f"{d['kind']}/{d['metadata']['name']} invalid for Kubernetes {version}: "
+                        f"{e.message}")
+        checked += 1
+    return checked
+
+
+def crd_schema(kind: str) -> dict:
+    for f in crd_files():
+        for crd in yaml.safe_load_all(f.read_text()):
+            if crd["spec"]["names"]["kind"] == kind:
+                return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    raise AssertionError(f"no CRD for {kind} in {CHART / 'crds'}")
+
+
 def deep(d: dict, *path, default=None):
     for p in path:
         if not isinstance(d, (dict, list)):

@@ -20,7 +20,7 @@ import yaml
 
 from tests.chart.conftest import CHART
 from tests.chart.exporters import DocumentedExporter, documented
-from tests.conftest import REPO, need, need_module
+from tests.conftest import need, need_module
 
 DASHBOARDS = {p.stem: p for p in sorted((CHART / "dashboards").glob("*.json"))}
 RULES = CHART / "rules" / "anchorage.rules.yaml"

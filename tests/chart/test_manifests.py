@@ -11,7 +11,7 @@ import sys
 import pytest
 import yaml
 
-from tests.chart.test_render import _crd_schema, _k8s_validate
+from tests.chart.conftest import crd_schema, k8s_validate
 from tests.conftest import REPO, need, need_module
 
 MANIFESTS = REPO / "manifests"
@@ -39,9 +39,9 @@ def test_kustomizations_build_and_validate(path):
     docs = _kustomize(MANIFESTS / path)
     custom = [d for d in docs if d["kind"] == "AgentCachePolicy"]
     builtin = [d for d in docs if d["kind"] not in ("AgentCachePolicy", "ClusterKopfPeering")]
-    assert _k8s_validate(builtin) == len(builtin)
+    assert k8s_validate(builtin) == len(builtin)
     for d in custom:
-        jsonschema.validate(d, _crd_schema("AgentCachePolicy"))
+        jsonschema.validate(d, crd_schema("AgentCachePolicy"))
     kinds = {d["kind"] for d in docs}
     if path == "":
         assert {"CustomResourceDefinition", "Namespace", "Deployment", "ClusterRole",
@@ -62,4 +62,4 @@ def test_example_policies_valid():
     for f in files:
         for d in yaml.safe_load_all(f.read_text()):
             assert d["kind"] == "AgentCachePolicy", f
-            jsonschema.validate(d, _crd_schema("AgentCachePolicy"))
+            jsonschema.validate(d, crd_schema("AgentCachePolicy"))

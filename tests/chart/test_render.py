@@ -12,6 +12,9 @@ import yaml
 
 from tests.chart.conftest import (
     CHART,
+    CUSTOM_KINDS,
+    crd_schema,
+    k8s_validate,
     MONITORING_APIS,
     NAMESPACE,
     RELEASE,
@@ -27,44 +30,11 @@ from tests.chart.conftest import (
 )
 from tests.conftest import REPO, need_module
 
-# Kinds whose schemas are not Kubernetes built-ins: checked against the CRDs we ship
-# (AgentCachePolicy, kopf peerings) or structurally (Prometheus Operator, KubeRay).
-CUSTOM_KINDS = {"AgentCachePolicy", "ClusterKopfPeering", "KopfPeering", "ServiceMonitor",
-                "PodMonitor", "PrometheusRule", "RayService"}
-
-
-def _k8s_validate(docs: list[dict]) -> int:
-    need_module("kubernetes_validate", "kubernetes-validate (pip install kubernetes-validate)")
-    import kubernetes_validate
-    from kubernetes_validate.utils import latest_version
-
-    version = latest_version()
-    checked = 0
-    for d in docs:
-        if d["kind"] in CUSTOM_KINDS:
-            continue
-        try:
-            kubernetes_validate.validate(d, version, strict=True)
-        except kubernetes_validate.ValidationError as e:  # pragma: no cover - the failure path
-            pytest.fail(f"{d['kind']}/{d['metadata']['name']} invalid for Kubernetes {version}: "
-                        f"{e.message}")
-        checked += 1
-    return checked
-
-
-def _crd_schema(kind: str) -> dict:
-    for f in crd_files():
-        for crd in yaml.safe_load_all(f.read_text()):
-            if crd["spec"]["names"]["kind"] == kind:
-                return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-    raise AssertionError(f"no CRD for {kind} in {CHART / 'crds'}")
-
-
 def _validate_custom(d: dict) -> None:
     import jsonschema
 
     if d["kind"] in ("AgentCachePolicy", "ClusterKopfPeering", "KopfPeering"):
-        jsonschema.validate(d, _crd_schema(d["kind"]))
+        jsonschema.validate(d, crd_schema(d["kind"]))
     assert d["metadata"]["name"]
 
 
@@ -109,7 +79,7 @@ def test_every_object_valid(variant):
         docs = objects(render(all_on_values(), api_versions=MONITORING_APIS))
     else:
         docs = objects(render(deployment_router_values(), api_versions=MONITORING_APIS))
-    checked = _k8s_validate(docs)
+    checked = k8s_validate(docs)
     assert checked >= 10
     for d in docs:
         if d["kind"] in CUSTOM_KINDS:
@@ -198,7 +168,7 @@ def test_crds_are_valid_crds():
     docs = [d for f in crd_files() for d in yaml.safe_load_all(f.read_text()) if d]
     assert {d["metadata"]["name"] for d in docs} == {
         "agentcachepolicies.anchorage.dev", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"}
-    assert _k8s_validate(docs) == 3
+    assert k8s_validate(docs) == 3
 
 
 # ---- operator RBAC: least privilege ------------------------------------------------------
@@ -495,7 +465,7 @@ def test_rayservice_pod_templates_valid(all_on_objects):
     templates = [rcc["headGroupSpec"]["template"]] + [g["template"] for g in rcc["workerGroupSpecs"]]
     pods = [{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"ray-{i}", **t["metadata"]},
              "spec": t["spec"]} for i, t in enumerate(templates)]
-    assert _k8s_validate(pods) == 2
+    assert k8s_validate(pods) == 2
 
 
 def test_monitors_select_existing_ports(all_on_objects):
