@@ -26,17 +26,18 @@ It reads the future, so it exists only in the simulator: it is built from the wh
 replay (keys, hit caps and prompt lengths of every request, indexed by
 ``RequestContext.seq``) and learns the pool's size when attached to it.
 
-Cost: one backward pass over the trace to precompute next uses; O(log n) per victim (a
-heap with lazy invalidation); O(1) per hit, cached and freed block; O(k log n) per request
-of k blocks (re-prioritising its keys' evictable blocks).
+Cost: one backward pass over the trace to precompute next uses; O(log n) per victim and
+per freed block (a heap with lazy invalidation); O(1) per hit and cached block; per
+request, O(k) for its k keys plus O(log n) for each evictable block of its keys that it
+does not hit (those are re-prioritised; the hit ones leave the heap anyway).
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 from typing import Hashable, Iterable, Sequence
 
-from anchorage.policies._lazyheap import LazyHeap
 from anchorage.policies.base import EvictionPolicy, RequestContext
 
 INF = math.inf
@@ -70,7 +71,14 @@ class BeladyPolicy(EvictionPolicy):
         self._next = next_use_table(keys_per_request, self._limits)
         self._key_next: dict[Hashable, float] = {}  # key -> its next use after now
         self._depth: dict[int, int] = {}  # cached block -> chain position
-        self._heap = LazyHeap()  # evictable blocks, first victim on top
+        # evictable blocks: heap of (-next use, -depth, token, block), first victim on
+        # top; an entry is live while its token is the block's current one
+        self._heap: list[tuple] = []
+        self._token: dict[int, int] = {}
+        self._counter = 0
+        # keys of the arriving request's hit prefix whose next use moved: their blocks
+        # leave the heap when hit; if the admission fails they are re-prioritised later
+        self._pending: list[Hashable] = []
 
     def attach(self, pool) -> None:
         super().attach(pool)
@@ -82,38 +90,63 @@ class BeladyPolicy(EvictionPolicy):
                 self._limits = limits
                 self._next = next_use_table(self._keys, limits)
 
-    # -- priorities -----------------------------------------------------------------------
+    # -- heap -----------------------------------------------------------------------------
 
-    def _priority(self, b: int) -> tuple:
+    def _push(self, b: int) -> None:
+        """(Re-)insert evictable block ``b`` with its current priority."""
         pool = self.pool
         key = pool.block_key[b]
-        if key is None or pool.get_cached_block(key) != b:
-            nu = INF  # not cached or a duplicate copy: never hit
-        else:
-            nu = self._key_next.get(key, INF)
-        return (-nu, -self._depth.get(b, 0))
+        cur = pool.cached.get(key) if key is not None else None
+        if cur is None:
+            nu = INF
+        elif type(cur) is int:
+            nu = self._key_next.get(key, INF) if cur == b else INF
+        else:  # duplicates: only the copy lookups find can be hit
+            nu = self._key_next.get(key, INF) if next(iter(cur)) == b else INF
+        self._counter += 1
+        c = self._counter
+        self._token[b] = c
+        heapq.heappush(self._heap, (-nu, -self._depth.get(b, 0), c, b))
+        if len(self._heap) > 1024 and len(self._heap) > 2 * len(self._token):
+            tok = self._token
+            self._heap = [e for e in self._heap if tok.get(e[3]) == e[2]]
+            heapq.heapify(self._heap)
 
     def _reprioritise(self, key: Hashable) -> None:
         b = self.pool.get_cached_block(key)
-        if b is not None and b in self._heap:
-            self._heap.push(b, self._priority(b))
+        if b is not None and b in self._token:
+            self._push(b)
+
+    def _flush_pending(self) -> None:
+        pending, self._pending = self._pending, []
+        for k in pending:
+            self._reprioritise(k)
 
     # -- notifications --------------------------------------------------------------------
 
     def on_request(self, ctx: RequestContext) -> None:
+        if self._pending:
+            self._flush_pending()
         if ctx.seq < 0:
             return
         row = self._next[ctx.seq]
         key_next = self._key_next
-        for k, nu in zip(ctx.keys, row):
+        keys = ctx.keys
+        hit = self.pool.num_hit_blocks(keys, ctx.input_length)
+        pending = self._pending
+        for i, (k, nu) in enumerate(zip(keys, row)):
             if key_next.get(k, INF) != nu:
                 key_next[k] = nu
-                self._reprioritise(k)
+                if i < hit:
+                    pending.append(k)
+                else:
+                    self._reprioritise(k)
 
     def on_hit(self, ctx: RequestContext, blocks: list[int], were_free: list[int]) -> None:
-        heap = self._heap
+        self._pending = []  # the hit blocks are in use now: no longer in the heap
+        tok = self._token
         for b in were_free:
-            heap.remove(b)
+            del tok[b]
 
     def on_cached(self, ctx: RequestContext, blocks: list[int], keys: list[Hashable],
                   start: int) -> None:
@@ -122,12 +155,39 @@ class BeladyPolicy(EvictionPolicy):
             depth[b] = start + j
 
     def on_freed(self, ctx: RequestContext, blocks: list[int]) -> None:
-        heap = self._heap
+        # _push, inlined: this runs once per freed block
+        pool = self.pool
+        bkey, cached = pool.block_key, pool.cached
+        key_next, depth, tok, heap = self._key_next, self._depth, self._token, self._heap
+        push = heapq.heappush
+        c = self._counter
         for b in blocks:
-            heap.push(b, self._priority(b))
+            key = bkey[b]
+            cur = cached.get(key) if key is not None else None
+            if cur is None:
+                nu = INF
+            elif type(cur) is int:
+                nu = key_next.get(key, INF) if cur == b else INF
+            else:
+                nu = key_next.get(key, INF) if next(iter(cur)) == b else INF
+            c += 1
+            tok[b] = c
+            push(heap, (-nu, -depth.get(b, 0), c, b))
+        self._counter = c
+        if len(heap) > 1024 and len(heap) > 2 * len(tok):
+            self._heap = [e for e in heap if tok.get(e[3]) == e[2]]
+            heapq.heapify(self._heap)
 
     def pop_victim(self) -> int | None:
-        return self._heap.pop()
+        if self._pending:
+            self._flush_pending()
+        heap, tok = self._heap, self._token
+        while heap:
+            _, _, c, b = heapq.heappop(heap)
+            if tok.get(b) == c:
+                del tok[b]
+                return b
+        return None
 
     def on_evicted(self, block: int, key: Hashable) -> None:
         self._depth.pop(block, None)
@@ -135,8 +195,13 @@ class BeladyPolicy(EvictionPolicy):
         self._reprioritise(key)
 
     def eviction_order(self) -> Iterable[int]:
-        return list(self._heap.ordered())
+        if self._pending:
+            self._flush_pending()
+        tok = self._token
+        return [e[3] for e in sorted(e for e in self._heap if tok.get(e[3]) == e[2])]
 
     def reset(self) -> None:
         self._heap.clear()
+        self._token.clear()
         self._depth.clear()
+        self._pending = []

@@ -8,7 +8,8 @@ allocates from the head. A hit removes a block from the queue. So among cached f
 blocks the victim is the one that became free earliest; within one release, the deepest
 block of the chain goes first. No parameters.
 
-Cost: O(1) per notification and per victim (an OrderedDict is the queue).
+Cost: O(1) per notification and per victim (an OrderedDict is the queue); the pool may
+take several victims in one call (``pop_victims``).
 """
 
 from __future__ import annotations
@@ -40,6 +41,13 @@ class LRUPolicy(EvictionPolicy):
         if not q:
             return None
         return q.popitem(last=False)[0]
+
+    def pop_victims(self, n: int) -> list[int]:
+        """The next ``n`` victims at once (fewer if the queue runs out): the pool's fast
+        path, valid because this order never depends on eviction notifications."""
+        q = self._queue
+        popitem = q.popitem
+        return [popitem(False)[0] for _ in range(min(n, len(q)))]
 
     def eviction_order(self) -> Iterable[int]:
         return list(self._queue)

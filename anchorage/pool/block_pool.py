@@ -87,6 +87,13 @@ class BlockPool:
         self._synthetic = 0  # counter for keys of generated-token blocks
         self.stats = PoolStats()
         policy.attach(self)
+        # Fast paths, chosen once: a policy whose victims do not depend on eviction
+        # notifications may hand over several at once (``pop_victims``), and a pool
+        # class that does not hook ``_evict`` (e.g. to emit events) evicts inline.
+        self._pop_victims = getattr(policy, "pop_victims", None)
+        self._inline_evict = type(self)._evict is BlockPool._evict
+        self._notify_evicted = type(policy).on_evicted is not EvictionPolicy.on_evicted
+        self._notify_cached = type(policy).on_cached is not EvictionPolicy.on_cached
 
     # -- queries --------------------------------------------------------------------------
 
@@ -135,11 +142,19 @@ class BlockPool:
             num_tokens = prompt
         self.policy.on_request(ctx)
         hit = self.num_hit_blocks(keys, prompt)
-        hit_blocks = [self.get_cached_block(k) for k in keys[:hit]]
-        need = self.blocks_needed(num_tokens) - hit
+        cached = self.cached
+        hit_blocks = [cached[k] for k in keys[:hit]]
+        for i, b in enumerate(hit_blocks):
+            if type(b) is not int:  # duplicates: lookups take the first copy
+                hit_blocks[i] = next(iter(b))
+        need = -(-num_tokens // self.block_size) - hit
         # hit blocks that are free stop being free when touched
-        evictable_hits = sum(1 for b in hit_blocks if self.ref_cnt[b] == 0)
-        if need > self.num_free_blocks - evictable_hits:
+        ref = self.ref_cnt
+        evictable_hits = 0
+        for b in hit_blocks:
+            if ref[b] == 0:
+                evictable_hits += 1
+        if need > len(self._uncached_free) + self._num_cached_free - evictable_hits:
             return None
         alloc = Allocation(ctx=ctx, hit_blocks=hit)
         self._touch(hit_blocks, ctx)
@@ -180,26 +195,28 @@ class BlockPool:
         start = alloc.num_cached
         if num_full <= start:
             return
-        new_ids, new_keys = [], []
-        for i in range(start, num_full):
-            b = alloc.blocks[i]
-            k = keys[i]
-            if self.block_key[b] is not None:  # already cached under a key (never here)
-                continue
-            self.block_key[b] = k
-            cur = self.cached.get(k)
+        new_ids = alloc.blocks[start:num_full]
+        new_keys = list(keys[start:num_full])
+        if len(new_keys) != len(new_ids):
+            raise PoolError(f"request {alloc.ctx.request_id!r}: {len(new_ids)} blocks to cache, "
+                            f"{len(new_keys)} keys")
+        bkey = self.block_key
+        cached = self.cached
+        for b, k in zip(new_ids, new_keys):
+            if bkey[b] is not None:
+                raise PoolError(f"block {b} is cached already")
+            bkey[b] = k
+            cur = cached.get(k)
             if cur is None:
-                self.cached[k] = b
+                cached[k] = b
             elif type(cur) is int:
-                self.cached[k] = {cur: None, b: None}
+                cached[k] = {cur: None, b: None}
             else:
                 cur[b] = None
-            new_ids.append(b)
-            new_keys.append(k)
         if len(alloc.keys) < num_full:
             alloc.keys.extend(keys[len(alloc.keys):num_full])
         alloc.num_cached = num_full
-        if new_ids:
+        if new_ids and self._notify_cached:
             self.policy.on_cached(alloc.ctx, new_ids, new_keys, start)
 
     def free(self, alloc: Allocation) -> None:
@@ -210,10 +227,14 @@ class BlockPool:
         ref = self.ref_cnt
         bkey = self.block_key
         for b in reversed(alloc.blocks):
-            ref[b] -= 1
-            if ref[b] == 0:
-                (to_front if bkey[b] is None else to_back).append(b)
-            elif ref[b] < 0:
+            r = ref[b] - 1
+            ref[b] = r
+            if r == 0:
+                if bkey[b] is None:
+                    to_front.append(b)
+                else:
+                    to_back.append(b)
+            elif r < 0:
                 raise PoolError(f"block {b} freed twice")
         alloc.blocks = []
         # prepend_n keeps list order at the head: the head of the stack is its end
@@ -261,20 +282,58 @@ class BlockPool:
             self.policy.on_hit(ctx, blocks, was_free)
 
     def _get_new_blocks(self, n: int, ctx: RequestContext) -> list[int]:
-        out: list[int] = []
         if n <= 0:
-            return out
+            return []
         uncached = self._uncached_free
         ref = self.ref_cnt
-        while len(out) < n and uncached:
-            b = uncached.pop()
+        k = min(n, len(uncached))
+        if k:  # the head of the queue is the end of the stack
+            out = uncached[-k:]
+            del uncached[-k:]
+            out.reverse()
+            for b in out:
+                ref[b] = 1
+        else:
+            out = []
+        m = n - k
+        if not m:
+            return out
+        if self._pop_victims is None or not self._inline_evict:
+            for _ in range(m):
+                b = self._pick_victim()
+                self._evict(b)
+                ref[b] = 1
+                out.append(b)
+            return out
+        # fast path: the policy hands over all victims at once; evict them inline
+        victims = self._pop_victims(m)
+        if len(victims) != m:
+            raise PoolError(f"policy {self.policy.name} returned {len(victims)} victims, "
+                            f"{m} were needed")
+        self._num_cached_free -= m
+        bkey = self.block_key
+        cached = self.cached
+        notify = self.policy.on_evicted if self._notify_evicted else None
+        for b in victims:
+            key = bkey[b]
+            if key is None or ref[b] != 0:
+                raise PoolError(f"policy {self.policy.name} returned an invalid victim {b!r}")
+            bkey[b] = None
+            cur = cached[key]
+            if type(cur) is int:
+                if cur == b:
+                    del cached[key]
+            else:
+                cur.pop(b, None)
+                if len(cur) == 1:
+                    cached[key] = next(iter(cur))
+                elif not cur:
+                    del cached[key]
             ref[b] = 1
-            out.append(b)
-        while len(out) < n:
-            b = self._pick_victim()
-            self._evict(b)
-            ref[b] = 1
-            out.append(b)
+            if notify is not None:
+                notify(b, key)
+        self.stats.evictions += m
+        out.extend(victims)
         return out
 
     def _pick_victim(self) -> int:
