@@ -513,3 +513,32 @@ def test_resource_quantities_are_strings(all_on_objects):
     res = _containers(dep)["vllm"]["resources"]
     assert res["requests"] == {"cpu": "4", "memory": "1000000000", "nvidia.com/gpu": "2"}
     assert res["limits"] == {"cpu": "0.5", "memory": "64Gi", "nvidia.com/gpu": "2"}
+
+
+def test_long_names_stay_valid():
+    """A 53-character release (Helm's maximum) and a 40-character model name: Service and
+    label values stay DNS labels (<= 63), and the mounted ConfigMap is exactly the one the
+    operator writes for the policy (`<policy name>-anchorage`, operator/config.py)."""
+    import re as _re
+
+    release = "r" * 53
+    long_model = "m" * 40
+    need_module("helm_python")
+    from helm_python import Chart
+
+    out = Chart.load(str(CHART)).render({"models": [model(long_model)]}, name=release,
+                                         namespace=NAMESPACE)
+    docs = objects(out)
+    dns_label = _re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    for d in docs:
+        name = d["metadata"]["name"]
+        assert len(name) <= 253
+        if d["kind"] in ("Service", "Namespace"):
+            assert len(name) <= 63 and dns_label.match(name), name
+        for v in (d["metadata"].get("labels") or {}).values():
+            assert len(v) <= 63, (name, v)
+    acp = one(docs, "AgentCachePolicy")
+    dep = one(docs, "Deployment", "m" * 10)
+    cm = [v["configMap"]["name"] for v in dep["spec"]["template"]["spec"]["volumes"] if "configMap" in v]
+    assert cm == [acp["metadata"]["name"] + "-anchorage"]
+    assert acp["spec"]["targetRef"]["name"] == dep["metadata"]["name"]

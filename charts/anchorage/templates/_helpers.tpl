@@ -63,7 +63,7 @@ anchorage.dev/model: {{ .model.name }}
 {{/* The ConfigMap the operator writes for one AgentCachePolicy: `<policy name>-anchorage`
 (operator/config.py); the chart names the policy after the model's Deployment. */}}
 {{- define "anchorage.policyConfigMap" -}}
-{{- printf "%s-anchorage" (include "anchorage.modelFullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-anchorage" (include "anchorage.modelFullname" .) -}}
 {{- end -}}
 
 {{- define "anchorage.image" -}}
