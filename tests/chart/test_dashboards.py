@@ -113,6 +113,8 @@ def test_every_queried_metric_is_documented():
     assert not missing, f"queried but not in docs/metrics.md: {missing}"
     emitters = {s.emitter for s in documented()}
     assert emitters == {"node-agent", "router", "operator", "vllm"}
+    unused = sorted(n for n in doc if n not in used)
+    assert not unused, f"documented in docs/metrics.md but on no dashboard or rule: {unused}"
 
 
 # ---- a real Prometheus ------------------------------------------------------------------

@@ -235,6 +235,10 @@ def policy() -> gd.Dashboard:
         "Config generation", "Generation of the operator's ConfigMap each node agent runs.",
         [Q(f"max by (pod) (anchorage_config_generation{{{M}}})", "{{pod}}")], lo=0))
     d = d.with_panel(timeseries(
+        "Access log sampling", "Records per second written to the sampled access log the "
+        "operator's tuning replays.",
+        [Q(f"sum by (pod) (rate(anchorage_access_log_records_total{{{M}}}[{RI}]))", "{{pod}}")], lo=0))
+    d = d.with_panel(timeseries(
         "Tuning runs", "Digital-twin tuning runs by result (adopted, rejected, error).",
         [Q(f"sum by (acp, result) (increase(anchorage_operator_tuning_runs_total{{{ACP}}}[{RI}]))",
            "{{acp}} {{result}}")], lo=0))
