@@ -25,12 +25,15 @@ Spec, per request ``q`` at time ``t`` over the healthy replicas ``H`` (``n = |H|
 - Decision: (1) a known session goes to its replica (the one holding its history) unless
   that replica is gone or overloaded; (2) otherwise, to the member of ``P_a`` that is not
   overloaded with the longest prefix match in the router's model (the session's history
-  when it moved), then least load; (3) if every member is overloaded, spill: add the
+  when it moved), then least load; a *new* session (no history to lose) treats members as
+  overloaded when the lightest member's load exceeds ``new_ratio * min(load) + new_abs``
+  over all replicas; (3) if every member is overloaded, spill: add the
   least loaded non-member to ``P_a`` (re-place the anchor there) and route there; if
   ``P_a = H``, the least loaded replica. The session is (re)bound to the choice.
 
 Parameters: ``anchor_blocks`` (4), ``half_life_s`` (60), ``spread`` (1.0),
-``warmup_per_replica`` (8), ``spill_ratio`` (1.5), ``spill_abs`` (4), ``kv_spill`` (0.98), ``max_sessions``
+``warmup_per_replica`` (8), ``new_ratio`` (1.25; 0 disables), ``new_abs`` (2),
+``spill_ratio`` (1.5), ``spill_abs`` (4), ``kv_spill`` (0.98), ``max_sessions``
 (200_000, LRU), ``capacity_blocks`` (prefix model per replica when the view has none,
 100_000), ``min_agent_load`` (1e-3: placements of agents decayed below it are forgotten).
 """
@@ -79,7 +82,8 @@ class AgentRouter(Router):
     def __init__(self, anchor_blocks: int = 4, half_life_s: float = 60.0, spread: float = 1.0,
                  spill_ratio: float = 1.5, spill_abs: float = 4.0, kv_spill: float = 0.98,
                  max_sessions: int = 200_000, capacity_blocks: int = 100_000,
-                 min_agent_load: float = 1e-3, warmup_per_replica: float = 8.0) -> None:
+                 min_agent_load: float = 1e-3, warmup_per_replica: float = 8.0,
+                 new_ratio: float = 1.25, new_abs: float = 2.0) -> None:
         if anchor_blocks < 1 or half_life_s <= 0 or spread <= 0:
             raise ValueError("anchor_blocks >= 1, half_life_s > 0 and spread > 0 required")
         self.anchor_blocks = anchor_blocks
@@ -91,6 +95,8 @@ class AgentRouter(Router):
         self.max_sessions = max_sessions
         self.min_agent_load = min_agent_load
         self.warmup_per_replica = warmup_per_replica
+        self.new_ratio = new_ratio
+        self.new_abs = new_abs
         self._capacity = capacity_blocks
         self._load: dict[Hashable, _Decayed] = {}
         self._total = _Decayed()
@@ -168,6 +174,11 @@ class AgentRouter(Router):
         self.placement[a] = members
 
         ok = [at[r] for r in members if not over(at[r])]
+        if ok and self.new_ratio > 0 and (skey is None or skey not in self.sessions):
+            # a new session carries no history: a much lighter replica outweighs the anchor
+            lightest = min(replicas[p].load for p in pos)
+            if min(replicas[p].load for p in ok) > self.new_ratio * lightest + self.new_abs:
+                ok = []
         if ok:
             keys = ctx.keys
             choice = min(ok, key=lambda p: (-self.index.match_len(replicas[p].index, keys),

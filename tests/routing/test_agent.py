@@ -80,3 +80,18 @@ def test_agent_state_is_bounded():
     assert len(r.sessions) == 50
     assert len(r.placement) < 60            # decayed agents are forgotten
     assert Counter(len(m) for m in r.placement.values())[1] == len(r.placement)
+
+
+def test_new_sessions_leave_a_busier_anchor_replica_known_sessions_stay():
+    r = make_router("agent", new_ratio=1.25, new_abs=2, spill_abs=100)
+    home = route(r, req(3, "old", 0), views(2))
+    loads = [0, 0]
+    loads[home] = 5                          # > 1.25 * 0 + 2: too busy for a new session
+    assert route(r, req(3, "old", 1), views(2, loads=loads)) == home      # history wins
+    assert route(r, req(3, "new", 0), views(2, loads=loads)) == 1 - home  # anchor re-placed
+    assert set(r.placement[agent_id(req(3, "x", 0))]) == {0, 1}
+    off = make_router("agent", new_ratio=0, spill_abs=100)
+    h = route(off, req(3, "old", 0), views(2))
+    loads = [0, 0]
+    loads[h] = 5
+    assert route(off, req(3, "new", 0), views(2, loads=loads)) == h
