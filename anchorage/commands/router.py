@@ -32,6 +32,9 @@ def register(sub) -> None:
     p.add_argument("--k8s-selector", default="", help="label selector of the replicas' Endpoints")
     p.add_argument("--k8s-port", type=int, default=8000)
     p.add_argument("--k8s-kind", choices=["Endpoints", "EndpointSlice"], default="Endpoints")
+    p.add_argument("--kv-events-port", type=int, default=0,
+                   help="subscribe to each replica's vLLM KV events at tcp://<replica host>:PORT "
+                        "(for precise_prefix; vLLM --kv-events-config with publisher zmq)")
     p.add_argument("--print-config", action="store_true", help="validate, print the config, exit")
     p.set_defaults(func=run)
 
@@ -52,7 +55,7 @@ def make_config(args):
         max_inflight_per_replica=args.max_inflight_per_replica,
         max_body_bytes=args.max_body_bytes, retries=args.retries, discovery=args.discovery,
         k8s_namespace=args.k8s_namespace, k8s_selector=args.k8s_selector,
-        k8s_port=args.k8s_port, k8s_kind=args.k8s_kind,
+        k8s_port=args.k8s_port, k8s_kind=args.k8s_kind, kv_events_port=args.kv_events_port,
         tenant_secret=os.environ.get("ANCHORAGE_TENANT_SECRET", ""),
         upstream_api_key=os.environ.get("ANCHORAGE_UPSTREAM_API_KEY", ""))
     try:
