@@ -13,6 +13,7 @@ metrics.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import itertools
 import json
@@ -290,6 +291,9 @@ def build_app(cfg: RouterConfig) -> FastAPI:
                     outcome = "upstream_error"
             except httpx.HTTPError:
                 outcome = "upstream_error"
+            except (GeneratorExit, asyncio.CancelledError):
+                outcome = "cancelled"          # the client went away: not the replica's fault
+                raise
             finally:
                 await resp.aclose()
                 self.state.finish.remote(ctx, rid, outcome, _usage_from_sse(tail), predicted)

@@ -147,7 +147,7 @@ class RoutingState:
     def finish(self, ctx: RequestContext, replica: int, outcome: str,
                usage: dict[str, Any] | None = None, predicted_tokens: int = 0) -> None:
         """A request attempt ended. ``outcome``: ok, client_error, upstream_error,
-        connect_error, retried."""
+        connect_error, retried, cancelled (the client left)."""
         up = self.upstreams.get(replica)
         url = up.url if up else f"removed-{replica}"
         if up is not None:

@@ -3,7 +3,7 @@
 It keeps a toy prefix cache (token-id blocks it has seen) so ``cached_tokens`` in
 ``usage.prompt_tokens_details`` is meaningful. ``mode`` switches behaviour at run time:
 ``ok``, ``error500`` (every completion answers 500), ``slow`` (waits ``delay_s`` before the
-first byte), ``die_midstream`` (streams two chunks, then drops the connection).
+first byte), ``slow_stream`` (waits ``delay_s`` after each chunk), ``die_midstream`` (streams two chunks, then drops the connection).
 """
 
 from __future__ import annotations
@@ -67,6 +67,8 @@ class FakeUpstream:
             delta = {"delta": {"content": tok}} if chat else {"text": tok}
             chunk = {"id": self.name, "served_by": self.name, "choices": [delta]}
             await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            if self.mode == "slow_stream":
+                await asyncio.sleep(self.delay_s)
             if self.mode == "die_midstream" and i == 1:
                 await asyncio.sleep(0.05)
                 request.transport.close()

@@ -104,6 +104,15 @@ def http(method: str, path: str, json: Any = None, headers: dict | None = None,
         return {"status": r.status_code, "headers": dict(r.headers), "text": r.text}
 
 
+def http_stream_then_leave(path: str, json: Any) -> str:
+    """Read the first SSE chunk of a streamed answer, then disconnect."""
+    with httpx.Client(timeout=30) as c:
+        with c.stream("POST", ROUTER + path, json=json) as r:
+            for chunk in r.iter_text():
+                return chunk
+    return ""
+
+
 def http_many(reqs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     with ThreadPoolExecutor(len(reqs)) as ex:
         futs = [ex.submit(http, **r) for r in reqs]

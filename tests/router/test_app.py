@@ -110,6 +110,20 @@ def test_mid_stream_death_ends_the_stream_with_an_error_event(router, cluster):
     assert metric(ns, "anchorage_router_requests_total", outcome="upstream_error") == 1
 
 
+def test_client_leaving_mid_stream_frees_the_replica(router, cluster):
+    ns = router(policy="round_robin")
+    for n in cluster["names"]:
+        ns("set_mode", n, "slow_stream", 1.0)
+    first = ns("http_stream_then_leave", "/v1/completions",
+               {"model": "tiny", "prompt": [1] * 32, "stream": True})
+    assert '"served_by"' in first
+    deadline = time.time() + 15
+    while metric(ns, "anchorage_router_requests_total", outcome="cancelled") != 1:
+        assert time.time() < deadline, ns("http", "GET", "/metrics")["text"]
+        time.sleep(0.3)
+    assert all(u["inflight"] == 0 and u["healthy"] for u in ns("state_snapshot"))
+
+
 def test_every_replica_saturated_gives_429_with_retry_after(router, cluster):
     ns = router(policy="least_loaded", max_inflight_per_replica=1)
     for n in cluster["names"]:
