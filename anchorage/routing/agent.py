@@ -15,7 +15,9 @@ Spec, per request ``q`` at time ``t`` over the healthy replicas ``H`` (``n = |H|
   ``L < warmup_per_replica * n`` shares are noise and ``k_a = 1`` (load spills still grow).
 - Placement ``P_a`` (ordered set of replicas holding ``a``'s anchor). When
   ``|P_a| < k_a`` it grows by the replica that (1) already reports ``a``'s anchor in its
-  policy state (``ReplicaView.extra["anchors"]``, labels from ``agent_label``) or holds it
+  policy state (``ReplicaView.extra["anchors"]``, labels from ``agent_label``; an
+  ``fp:`` label of any key of the request's prefix counts, whatever anchor length the
+  replica's policy learned) or holds it
   in the router's prefix model, then (2) has the least committed load
   ``C_r = sum_{b: r in P_b} L_b / |P_b|``, then (3) the least current load. When
   ``|P_a| > k_a + 1`` (hysteresis) the newest member is dropped. Each replica so holds
@@ -202,6 +204,21 @@ class AgentRouter(Router):
         label = agent_label(a)
         anchor = list(ctx.keys[: self.anchor_blocks])
         commit = self._commitment(now)
+        prefix_labels: set[str] | None = None
+
+        def reports_anchor(r: ReplicaView) -> bool:
+            # A replica's policy may fingerprint anchors differently (e.g. a learned anchor
+            # length): any "fp:" label naming a key of this request's prefix is a shared
+            # anchor, since a chained key stands for its whole prefix.
+            nonlocal prefix_labels
+            labels = r.extra.get("anchors", ())
+            if not labels:
+                return False
+            if label in labels:
+                return True
+            if prefix_labels is None:
+                prefix_labels = {agent_label(("fp", k)) for k in ctx.keys[:512]}
+            return not prefix_labels.isdisjoint(labels)
         while len(members) < target:
             cands = [p for p in pos if replicas[p].index not in members]
             if not cands:
@@ -209,7 +226,7 @@ class AgentRouter(Router):
 
             def rank(p: int) -> tuple:
                 r = replicas[p]
-                holds = (label in r.extra.get("anchors", ())
+                holds = (reports_anchor(r)
                          or (anchor and self.index.match_len(r.index, anchor) == len(anchor)))
                 return (not holds, round(commit.get(r.index, 0.0), 6), load_score(r))
             best = min(cands, key=rank)

@@ -95,3 +95,10 @@ def test_new_sessions_leave_a_busier_anchor_replica_known_sessions_stay():
     loads = [0, 0]
     loads[h] = 5
     assert route(off, req(3, "new", 0), views(2, loads=loads)) == h
+
+
+def test_a_replica_reporting_a_learned_anchor_of_another_length_attracts_it():
+    c = req(6, "s", 0)                      # anchor keys 6000..6003, then history
+    learned = agent_label(("fp", c.keys[1]))   # the replica's policy learned a 2-block anchor
+    r = make_router("agent")
+    assert r.pick(c, views(3, extra=[{}, {"anchors": ["fp:0000000000000001", learned]}, {}])) == 1
