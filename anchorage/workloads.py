@@ -68,13 +68,22 @@ def _need(path: Path) -> Path:
     return path
 
 
+# real dataset -> (converter, path under the traces dir, options)
+_REAL_SPECS = {
+    "chatdev": ("chatdev", "chatdev", {"window_s": 3600.0}),   # interleaved over one hour
+    "weka": ("weka", "weka_claude_code", {}),                   # sessions interleaved
+}
+
+
 def _load_real(name: str, traces_dir: Path) -> Workload:
     if name in ("mooncake", "mooncake-synthetic"):
         fname = "conversation_trace.jsonl.xz" if name == "mooncake" else "synthetic_trace.jsonl.xz"
         path = _need(traces_dir / "mooncake" / fname)
         header, records = read_trace(path)
         return Workload.from_records(name, header, records, source=str(path))
-    from anchorage.trace import convert
+    from anchorage.trace.convert import ConvertOptions, convert
 
-    header, records = convert.load_dataset(name, traces_dir)
-    return Workload.from_records(name, header, records, source=str(traces_dir / name))
+    dataset, rel, opts = _REAL_SPECS[name]
+    src = _need(traces_dir / rel)
+    header, records = convert(dataset, src, ConvertOptions(**opts))
+    return Workload.from_records(name, header, records, source=str(src))
