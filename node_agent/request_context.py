@@ -1,0 +1,61 @@
+"""Translate a vLLM ``Request`` into the core's ``RequestContext`` (the metadata contract).
+
+Request metadata reaches the engine as the request's ``session_id`` and
+``SamplingParams.extra_args["anchorage"]`` (``vllm_xargs.anchorage`` in the OpenAI API)::
+
+    {"agent": str, "tool_name": str, "tool_args": any, "warmup": bool, "tenant": str}
+
+All fields are optional; a malformed value is ignored (never an error on the serving
+path). Block keys are vLLM's own block hashes with the KV-cache group id appended
+(``BlockHashWithGroupId``), the same keys ``BlockPool`` caches blocks under.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from anchorage.policies.base import RequestContext
+
+GROUP0 = (0).to_bytes(4, "big")  # make_block_hash_with_group_id(h, 0) == h + GROUP0
+
+
+def anchorage_args(request: Any) -> dict[str, Any]:
+    sp = getattr(request, "sampling_params", None)
+    extra = getattr(sp, "extra_args", None)
+    if not isinstance(extra, dict):
+        return {}
+    args = extra.get("anchorage")
+    return args if isinstance(args, dict) else {}
+
+
+def _str(v: Any) -> str | None:
+    return v if isinstance(v, str) else None
+
+
+def context_of(request: Any, group_suffix: bytes = GROUP0) -> RequestContext:
+    """The policy's view of a vLLM request (prompt block keys, metadata, wall clock)."""
+    args = anchorage_args(request)
+    num_prompt = int(getattr(request, "num_prompt_tokens", 0) or 0)
+    hashes = getattr(request, "block_hashes", None) or ()
+    keys = [h + group_suffix for h in hashes]
+    sp = getattr(request, "sampling_params", None)
+    max_tokens = getattr(sp, "max_tokens", None)
+    return RequestContext(
+        request_id=getattr(request, "request_id", None),
+        keys=keys,
+        input_length=num_prompt,
+        output_length=max_tokens if isinstance(max_tokens, int) else 0,
+        now_s=time.monotonic(),
+        session_id=_str(getattr(request, "session_id", None)),
+        tenant=_str(args.get("tenant")),
+        tool_name=_str(args.get("tool_name")),
+        tool_args=args.get("tool_args"),
+        agent_hint=_str(args.get("agent")),
+        warmup=args.get("warmup") is True,
+    )
+
+
+def anonymous_context() -> RequestContext:
+    """For frees the engine makes without a request in hand (deferred frees)."""
+    return RequestContext(request_id=None, keys=(), input_length=0, now_s=time.monotonic())

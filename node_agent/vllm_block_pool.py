@@ -1,0 +1,448 @@
+"""Policy-ordered eviction inside vLLM 0.32's prefix-cached ``BlockPool`` (the engine patch).
+
+It changes one decision and nothing else: which cached free blocks
+``BlockPool.get_new_blocks`` evicts. Everything else stays vLLM's own code.
+
+Mechanics, for a pool with a driver attached (``attach``):
+
+- ``get_new_blocks(n)``: the uncached free blocks at the head of the free queue go first,
+  as in stock vLLM (freed uncached blocks are prepended there). For the rest the policy
+  names victims; each is checked (a free, non-null block in the queue, not named twice)
+  and the chosen blocks are moved to the head of the free queue behind the uncached ones
+  (``FreeKVCacheBlockQueue.remove`` is O(1)). Then vLLM's own ``get_new_blocks`` runs and
+  pops exactly those blocks, with its own post-processing: hash removal and
+  ``BlockRemoved`` events (``_maybe_evict_cached_block``), reference counts, metrics,
+  reuse watchers.
+- ``touch`` / ``free_blocks`` / ``cache_full_blocks`` / ``_maybe_evict_cached_block`` /
+  ``reset_prefix_cache`` run stock, then the policy is told (hit, freed, cached, evicted,
+  reset) with the ``RequestContext`` of the request whose blocks move.
+- ``KVCacheManager.get_computed_blocks`` / ``allocate_slots`` / ``free`` name that request
+  (``get_computed_blocks`` is the policy's ``on_request``, ``free`` its
+  ``on_request_done``); frees the engine defers past a step carry an anonymous context.
+
+Failure containment: an exception raised by the policy, or a victim that is not a valid
+free block, is counted (``STATS.errors``, exported as ``anchorage_policy_errors_total``)
+and that decision is stock: victims the policy handed over but were not used are given
+back (``on_freed``), and blocks evicted in stock order are withdrawn from the policy
+(``on_hit`` with no hits) so the two views do not drift apart. vLLM's correctness never
+depends on the policy; at worst eviction is stock LRU. Pools without a driver (and the
+whole engine when the plugin is off) run the unmodified methods.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from anchorage.policies.base import EvictionPolicy, RequestContext
+from anchorage.node_agent.request_context import anonymous_context, context_of
+
+log = logging.getLogger("anchorage.node_agent")
+
+SUPPORTED_PREFIX = "0.32."
+MAX_CONTEXTS = 8192  # live requests whose context is kept (bounded against leaks)
+
+
+@dataclass
+class DriverStats:
+    victims: int = 0  # cached blocks evicted in the policy's order
+    stock_victims: int = 0  # cached blocks evicted in stock order (policy error or none left)
+    errors: int = 0  # exceptions raised by the policy, invalid victims
+
+
+STATS = DriverStats()  # process-wide totals (all pools)
+
+
+class InvalidVictim(RuntimeError):
+    pass
+
+
+class _CachedKeys:
+    """``key in view.cached`` over vLLM's prefix-cache map (re-read: reset replaces it)."""
+
+    __slots__ = ("_pool",)
+
+    def __init__(self, pool: Any):
+        self._pool = pool
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        blk = self._pool.cached_block_hash_to_block.get_one_block(key)
+        return default if blk is None else blk.block_id
+
+    def __contains__(self, key: Any) -> bool:
+        return self._pool.cached_block_hash_to_block.get_one_block(key) is not None
+
+    def __len__(self) -> int:
+        return len(self._pool.cached_block_hash_to_block)
+
+
+class _BlockKeys:
+    __slots__ = ("_blocks",)
+
+    def __init__(self, blocks: list):
+        self._blocks = blocks
+
+    def __getitem__(self, block_id: int) -> Any:
+        return self._blocks[block_id].block_hash
+
+
+class PoolView:
+    """What a policy may read of the engine's pool: the names of the model pool
+    (``anchorage.pool.block_pool.BlockPool``) it uses in the simulator."""
+
+    def __init__(self, pool: Any):
+        self.capacity_blocks = pool.num_gpu_blocks - 1  # block 0 is vLLM's null block
+        self.block_size = pool.hash_block_size
+        self.cached = _CachedKeys(pool)
+        self.block_key = _BlockKeys(pool.blocks)
+
+    def get_cached_block(self, key: Any) -> int | None:
+        return self.cached.get(key)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+
+class PolicyDriver:
+    """Connects one vLLM ``BlockPool`` to one eviction policy."""
+
+    def __init__(self, pool: Any, policy: EvictionPolicy):
+        self.pool = pool
+        self.policy = policy
+        self.view = PoolView(pool)
+        self.current: RequestContext | None = None
+        self.contexts: OrderedDict[Any, RequestContext] = OrderedDict()
+        self.errors = 0
+        policy.attach(self.view)
+
+    # -- contexts -------------------------------------------------------------------------
+
+    def ctx(self) -> RequestContext:
+        return self.current if self.current is not None else anonymous_context()
+
+    def ctx_for(self, request: Any) -> RequestContext:
+        rid = getattr(request, "request_id", None)
+        c = self.contexts.get(rid)
+        if c is None:
+            c = self.contexts[rid] = context_of(request)
+            if len(self.contexts) > MAX_CONTEXTS:
+                self.contexts.popitem(last=False)
+        return c
+
+    def begin(self, request: Any) -> None:
+        """A scheduling attempt for ``request`` (before its prefix lookup)."""
+        c = context_of(request)
+        self.contexts[c.request_id] = c
+        self.contexts.move_to_end(c.request_id)
+        if len(self.contexts) > MAX_CONTEXTS:
+            self.contexts.popitem(last=False)
+        self.current = c
+        self.notify(self.policy.on_request, c)
+
+    def end(self, request: Any) -> None:
+        c = self.contexts.pop(getattr(request, "request_id", None), None)
+        if c is not None:
+            self.notify(self.policy.on_request_done, c)
+
+    # -- failure containment --------------------------------------------------------------
+
+    def _error(self, what: str) -> None:
+        self.errors += 1
+        STATS.errors += 1
+        if self.errors == 1:
+            log.warning("anchorage: policy %r raised in %s; stock vLLM behaviour for this "
+                        "decision (further errors are counted, logged at debug level)",
+                        self.policy.name, what, exc_info=True)
+        else:
+            log.debug("anchorage: policy %r raised in %s", self.policy.name, what,
+                      exc_info=True)
+
+    def notify(self, fn: Callable[..., Any], *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception:
+            self._error(getattr(fn, "__name__", "notification"))
+
+    # -- the decision ---------------------------------------------------------------------
+
+    def order_victims(self, n: int) -> None:
+        """Put the blocks ``get_new_blocks(n)`` should take at the head of the free
+        queue: the uncached head blocks, then the policy's victims. Never raises."""
+        pool = self.pool
+        q = pool.free_block_queue
+        if n <= 0 or n > q.num_free_blocks:
+            return  # stock raises for the latter
+        tail = q.fake_free_list_tail
+        by_block = pool.cached_block_hashes_by_block
+        uncached = []
+        blk = q.fake_free_list_head.next_free_block
+        while (len(uncached) < n and blk is not tail and blk.block_hash is None
+               and blk.block_id not in by_block):
+            uncached.append(blk)
+            blk = blk.next_free_block
+        m = n - len(uncached)
+        if m == 0:
+            return
+        chosen: list = []
+        failed = False
+        try:
+            pop = self.policy.pop_victim
+            blocks = pool.blocks
+            seen: set[int] = set()
+            for _ in range(m):
+                b = pop()
+                if b is None:
+                    break
+                if type(b) is not int or not 0 < b < len(blocks) or b in seen:
+                    raise InvalidVictim(f"victim {b!r}")
+                vb = blocks[b]
+                if vb.ref_cnt != 0 or vb.is_null or vb.prev_free_block is None:
+                    raise InvalidVictim(f"victim {b} is not a free block")
+                seen.add(b)
+                chosen.append(vb)
+        except Exception:
+            self._error("pop_victim")
+            failed = True
+            if chosen:  # hand them back: this decision is stock
+                self.notify(self.policy.on_freed, self.ctx(), [v.block_id for v in chosen])
+            chosen = []
+        if chosen:
+            for vb in uncached:
+                q.remove(vb)
+            for vb in chosen:
+                q.remove(vb)
+            q.prepend_n(uncached + chosen)
+            STATS.victims += len(chosen)
+        rest = m - len(chosen)
+        if rest:
+            # stock order takes the rest: the first blocks after ours
+            stock = []
+            blk = q.fake_free_list_head.next_free_block
+            for _ in range(len(uncached) + len(chosen)):
+                blk = blk.next_free_block
+            for _ in range(rest):
+                if blk is tail:
+                    break
+                if blk.block_hash is not None:
+                    stock.append(blk.block_id)
+                blk = blk.next_free_block
+            STATS.stock_victims += len(stock)
+            if failed and stock:  # the policy may still count them as evictable
+                self.notify(self.policy.on_hit, self.ctx(), [], stock)
+
+
+# -- the patch --------------------------------------------------------------------------------
+
+_ORIG: dict[str, Callable[..., Any]] = {}
+_config: dict[str, Any] = {"policy": None, "params": None}
+
+
+def _driver(pool: Any) -> PolicyDriver | None:
+    return getattr(pool, "_anchorage_driver", None)
+
+
+def unsupported_reason() -> str | None:
+    """Why this vLLM cannot be patched (None when it can)."""
+    try:
+        import vllm
+        from vllm.v1.core import block_pool as bp
+        from vllm.v1.core import kv_cache_manager as km
+        from vllm.v1.core import kv_cache_utils as ku
+    except Exception as exc:  # noqa: BLE001 - any import failure means "stay stock"
+        return f"vLLM's v1 KV cache cannot be imported ({exc.__class__.__name__}: {exc})"
+    version = getattr(vllm, "__version__", "?")
+    if not str(version).startswith(SUPPORTED_PREFIX):
+        return f"vLLM {version} is not a supported version ({SUPPORTED_PREFIX}x)"
+    need = {
+        bp.BlockPool: ("__init__", "get_new_blocks", "touch", "free_blocks", "cache_full_blocks",
+                       "_maybe_evict_cached_block", "reset_prefix_cache"),
+        ku.FreeKVCacheBlockQueue: ("remove", "prepend_n", "popleft_n"),
+        km.KVCacheManager: ("get_computed_blocks", "allocate_slots", "free"),
+    }
+    for cls, names in need.items():
+        for name in names:
+            if not callable(getattr(cls, name, None)):
+                return f"vLLM {version}: {cls.__name__}.{name} is missing"
+    return None
+
+
+def install(policy: str | None, params: dict[str, Any] | None = None) -> None:
+    """Patch the classes (once) and set the policy new pools get (None: none)."""
+    _config["policy"], _config["params"] = policy, params
+    if _ORIG:
+        return
+    from vllm.v1.core.block_pool import BlockPool
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+
+    for cls, name in ((BlockPool, "__init__"), (BlockPool, "get_new_blocks"),
+                      (BlockPool, "touch"), (BlockPool, "free_blocks"),
+                      (BlockPool, "cache_full_blocks"),
+                      (BlockPool, "_maybe_evict_cached_block"),
+                      (BlockPool, "reset_prefix_cache"),
+                      (KVCacheManager, "get_computed_blocks"),
+                      (KVCacheManager, "allocate_slots"), (KVCacheManager, "free")):
+        _ORIG[f"{cls.__name__}.{name}"] = getattr(cls, name)
+        setattr(cls, name, _PATCHES[f"{cls.__name__}.{name}"])
+
+
+def attach(pool: Any, policy: EvictionPolicy) -> PolicyDriver:
+    """Drive ``pool``'s evictions by ``policy`` from now on (its cached free blocks are
+    handed to the policy first, oldest first, so it starts from vLLM's current order)."""
+    driver = PolicyDriver(pool, policy)
+    q = pool.free_block_queue
+    cached_free = []
+    blk = q.fake_free_list_head.next_free_block
+    while blk is not q.fake_free_list_tail:
+        if blk.block_hash is not None:
+            cached_free.append(blk.block_id)
+        blk = blk.next_free_block
+    if cached_free:
+        driver.notify(policy.on_freed, anonymous_context(), cached_free)
+    pool._anchorage_driver = driver
+    return driver
+
+
+def detach(pool: Any) -> None:
+    pool._anchorage_driver = None
+
+
+def _make_configured_policy(pool: Any) -> EvictionPolicy | None:
+    name = _config["policy"]
+    if not name:
+        return None
+    from anchorage.policies.registry import make_policy
+
+    return make_policy(name, block_size=pool.hash_block_size, params=_config["params"])
+
+
+def _init(self, *args: Any, **kwargs: Any) -> None:
+    _ORIG["BlockPool.__init__"](self, *args, **kwargs)
+    self._anchorage_driver = None
+    if not self.enable_caching or not _config["policy"]:
+        return
+    try:
+        policy = _make_configured_policy(self)
+        if policy is not None:
+            attach(self, policy)
+    except Exception:
+        STATS.errors += 1
+        log.warning("anchorage: cannot start policy %r; vLLM stays stock", _config["policy"],
+                    exc_info=True)
+
+
+def _get_new_blocks(self, num_blocks: int):
+    d = _driver(self)
+    if d is not None and self.enable_caching:
+        d.order_victims(num_blocks)
+    return _ORIG["BlockPool.get_new_blocks"](self, num_blocks)
+
+
+def _touch(self, blocks):
+    d = _driver(self)
+    if d is None:
+        return _ORIG["BlockPool.touch"](self, blocks)
+    were_free = [b.block_id for b in blocks if b.ref_cnt == 0 and not b.is_null]
+    _ORIG["BlockPool.touch"](self, blocks)
+    d.notify(d.policy.on_hit, d.ctx(), [b.block_id for b in blocks if not b.is_null], were_free)
+
+
+def _free_blocks(self, ordered_blocks):
+    d = _driver(self)
+    if d is None:
+        return _ORIG["BlockPool.free_blocks"](self, ordered_blocks)
+    blocks = list(ordered_blocks)
+    _ORIG["BlockPool.free_blocks"](self, blocks)
+    freed: dict[int, None] = {}
+    for b in blocks:  # stock appends a block where its count reaches zero: the last time
+        if ((b.pool is None or b.pool is self) and b.ref_cnt == 0 and not b.is_null
+                and b.block_hash is not None):
+            freed.pop(b.block_id, None)
+            freed[b.block_id] = None
+    if freed:
+        d.notify(d.policy.on_freed, d.ctx(), list(freed))
+
+
+def _cache_full_blocks(self, request, blocks, num_cached_blocks, num_full_blocks, *args,
+                       **kwargs):
+    d = _driver(self)
+    if d is None:
+        return _ORIG["BlockPool.cache_full_blocks"](self, request, blocks, num_cached_blocks,
+                                                    num_full_blocks, *args, **kwargs)
+    new = blocks[num_cached_blocks:num_full_blocks]
+    before = [b.block_hash for b in new]
+    _ORIG["BlockPool.cache_full_blocks"](self, request, blocks, num_cached_blocks,
+                                         num_full_blocks, *args, **kwargs)
+    ids, keys = [], []
+    for b, h0 in zip(new, before):
+        if not b.is_null and b.block_hash is not None and b.block_hash != h0:
+            ids.append(b.block_id)
+            keys.append(b.block_hash)
+    if ids:
+        d.notify(d.policy.on_cached, d.ctx_for(request), ids, keys, num_cached_blocks)
+
+
+def _maybe_evict_cached_block(self, block) -> bool:
+    d = _driver(self)
+    key = block.block_hash if d is not None else None
+    evicted = _ORIG["BlockPool._maybe_evict_cached_block"](self, block)
+    if d is not None and evicted and key is not None:
+        d.notify(d.policy.on_evicted, block.block_id, key)
+    return evicted
+
+
+def _reset_prefix_cache(self) -> bool:
+    ok = _ORIG["BlockPool.reset_prefix_cache"](self)
+    d = _driver(self)
+    if ok and d is not None:
+        d.notify(d.policy.reset)
+    return ok
+
+
+def _get_computed_blocks(self, request):
+    d = _driver(self.block_pool)
+    if d is not None:
+        d.begin(request)
+    try:
+        return _ORIG["KVCacheManager.get_computed_blocks"](self, request)
+    finally:
+        if d is not None:
+            d.current = None
+
+
+def _allocate_slots(self, request, *args, **kwargs):
+    d = _driver(self.block_pool)
+    if d is None:
+        return _ORIG["KVCacheManager.allocate_slots"](self, request, *args, **kwargs)
+    d.current = d.ctx_for(request)
+    try:
+        return _ORIG["KVCacheManager.allocate_slots"](self, request, *args, **kwargs)
+    finally:
+        d.current = None
+
+
+def _free(self, request) -> None:
+    d = _driver(self.block_pool)
+    if d is None:
+        return _ORIG["KVCacheManager.free"](self, request)
+    d.current = d.ctx_for(request)
+    try:
+        _ORIG["KVCacheManager.free"](self, request)
+    finally:
+        d.current = None
+    d.end(request)
+
+
+_PATCHES: dict[str, Callable[..., Any]] = {
+    "BlockPool.__init__": _init,
+    "BlockPool.get_new_blocks": _get_new_blocks,
+    "BlockPool.touch": _touch,
+    "BlockPool.free_blocks": _free_blocks,
+    "BlockPool.cache_full_blocks": _cache_full_blocks,
+    "BlockPool._maybe_evict_cached_block": _maybe_evict_cached_block,
+    "BlockPool.reset_prefix_cache": _reset_prefix_cache,
+    "KVCacheManager.get_computed_blocks": _get_computed_blocks,
+    "KVCacheManager.allocate_slots": _allocate_slots,
+    "KVCacheManager.free": _free,
+}
