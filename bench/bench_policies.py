@@ -42,6 +42,7 @@ from anchorage.sim.replay import infinite_hit_rate, make_contexts, replay  # noq
 
 TRACES = Path(os.environ.get("ANCHORAGE_TRACES", ROOT.parent / "shared" / "traces"))
 FRACS = (0.01, 0.02, 0.05, 0.10, 0.20)
+TOPOLOGIES = ("pipeline", "debate", "selector", "hierarchical", "handoff", "random")
 
 
 # ---------------------------------------------------------------------------------------
@@ -410,12 +411,25 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--quick", action="store_true", help="one seed, no weka")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "policies.json"))
+    ap.add_argument("--merge", nargs="+", metavar="JSON",
+                    help="merge result files of separate runs into --out and exit")
     a = ap.parse_args(argv)
+    if a.merge:
+        merged: dict[str, Any] = {"workloads": [], "target_misses": []}
+        for f in a.merge:
+            d = json.loads(Path(f).read_text())
+            merged["workloads"] += d["workloads"]
+            merged["target_misses"] += d["target_misses"]
+            merged["hot_path_us"] = d["hot_path_us"]
+            merged["state_bytes_24_agents"] = d["state_bytes_24_agents"]
+        Path(a.out).write_text(json.dumps(merged, indent=1))
+        print(f"merged {len(a.merge)} files into {a.out}")
+        return 0
     seeds = [int(s) for s in a.seeds.split(",")][: 1 if a.quick else None]
     if a.workloads:
         wls = a.workloads.split(",")
     else:
-        wls = [f"gen-{t}-{s}" for t in ("pipeline", "selector", "random") for s in seeds]
+        wls = [f"gen-{t}-{s}" for t in TOPOLOGIES for s in seeds]
         wls += ["chatdev-0", "mooncake"] + ([] if a.quick else ["weka-0"])
     policies = [p for p in a.policies.split(",") if p]
     results, notes = [], []

@@ -24,8 +24,9 @@ it, plus ``ends``, the count of sessions that never came back. Given elapsed tim
   online Belady evicts the largest of (holding a block costs time; it pays off with
   probability ``P``). ``p_floor = 0.02``.
 
-``GapPredictor``: histograms keyed by context (global; per tool name; per (tool, argument
-cluster)), LRU-capped at ``max_keys`` (default 64). ``predict(e, tool, cluster)`` uses the
+``GapPredictor``: histograms keyed by context (global; per tool name, where "no pending
+tool" is a context of its own once any tool has been seen; per (tool, argument cluster)),
+LRU-capped at ``max_keys`` (default 64). ``predict(e, tool, cluster)`` uses the
 most specific histogram with at least ``min_samples`` (default 16) observations, else None
 (no signal: the caller falls back to recency). All operations are O(bins) = O(1).
 """
@@ -139,10 +140,13 @@ class GapHistogram:
 class GapPredictor:
     """Gap histograms by context: global, per tool, per (tool, cluster); LRU-capped."""
 
-    def __init__(self, min_samples: int = 16, max_keys: int = 64):
+    def __init__(self, min_samples: int = 16, max_keys: int = 64,
+                 no_tool_context: bool = False):
+        self.no_tool_context = no_tool_context
         self.min_samples = min_samples
         self.max_keys = max_keys
         self.global_hist = GapHistogram()
+        self.tools_seen = False
         self._hists: OrderedDict[Hashable, GapHistogram] = OrderedDict()
 
     def _hist(self, key: Hashable, create: bool) -> GapHistogram | None:
@@ -159,7 +163,8 @@ class GapPredictor:
 
     def _contexts(self, tool: Hashable | None, cluster: Hashable | None):
         if tool is None:
-            return ()
+            # "no pending tool" (user think time) is a context of its own once tools exist
+            return (("t", None),) if (self.tools_seen and self.no_tool_context) else ()
         if cluster is None:
             return (("t", tool),)
         return (("t", tool), ("c", tool, cluster))
@@ -167,6 +172,8 @@ class GapPredictor:
     def observe(self, gap_s: float, tool: Hashable | None = None,
                 cluster: Hashable | None = None) -> None:
         self.global_hist.add(gap_s)
+        if tool is not None:
+            self.tools_seen = True
         for key in self._contexts(tool, cluster):
             self._hist(key, True).add(gap_s)
 

@@ -20,22 +20,31 @@ largest ``K`` (ties: the block freed earliest). Groups sit in a heap with lazy i
 
 Scores (``T`` = expected time to next use from now, in policy-clock seconds):
 
-- no informative signal -> recency: ``K = 2 * epoch - t_front`` where ``t_front`` is when
-  the group's front block became free and ``epoch`` the last re-scoring time. Among such
-  groups the order is exactly LRU, so a policy with no signal *is* LRU;
+- no informative signal -> recency: ``K = epoch + mult * age + add`` with ``age = epoch -
+  t_front`` (``t_front``: when the group's front block became free; ``epoch``: the last
+  re-scoring time; ``mult = 1, add = 0`` by default). Among such groups the order is
+  exactly LRU, so a policy with no signal *is* LRU;
 - ``output`` groups once outputs are learned dead (``dead_min_samples`` = 64 output blocks
-  cached, reuse frequency ``(hits + 1) / (n + 2) < dead_max_reuse`` = 0.02): ``K = inf``;
-- ``thread(s, f)`` with gaps on: ``T = W_s(e)`` = ``GapPredictor.expected_wait``:
-  ``E[tau - e | tau > e] / P(return | tau > e)`` for elapsed ``e = now - last_s``, from the
-  histogram of the session's pending tool (and argument cluster) when tools are on, else
-  the global one; with transitions on and ``f`` not the session's current agent,
-  ``T = (W_s(e) + (steps - 1) * g) / p`` where ``(p, steps) = reach(cur_s, f)`` and
-  ``g`` the mean session step gap;
-- ``anchor(f)`` with anchors on: ``T = min(T_base, T_trans)``; ``T_base = max(ia_f,
-  now - last_f)`` (``ia_f``: EWMA, weight 0.2, of the agent's inter-arrival time: an
-  anchor many sessions reuse is worth more than a single-use block, and one nobody called
-  for longer than usual loses protection); with transitions on, ``T_trans = 1 / sum_i N_i
-  P(f | i) / g`` where ``N_i`` counts active sessions whose current agent is ``i``.
+  cached, reuse frequency ``(hits + 1) / (n + 2) < dead_max_reuse`` = 0.02), and groups of
+  ended sessions: ``K = inf``;
+- ``thread(s, f)`` with gaps on: ``T = W_s(e)`` = ``GapHistogram.expected_wait``:
+  ``E[tau - e | tau > e] / P(return | tau > e)`` for elapsed ``e = now - last_s``, from
+  the histogram of the session's pending tool (and argument cluster) when tools are on;
+  otherwise (no pending tool, or tools off), by ``global_gaps``: ``"wait"``
+  (default) the same from the histogram of all gaps, ``"survival"`` recency with
+  ``mult = 1 / P(return | e)``, ``"off"`` plain recency. A histogram whose gaps all fall in
+  one bin (no timing) is no signal. (``no_tool_context=True`` gives "no pending tool" its
+  own histogram; measured worse than the global one on generated topologies.) With transitions on and ``f`` not the session's
+  current agent: ``T = (T + (steps - 1) * g) / p`` (or ``mult /= p, add = (steps - 1) g /
+  p`` for recency) where ``(p, steps) = reach(cur_s, f)`` (floored at 0.02) and ``g`` the
+  mean session step gap;
+- ``anchor(f)``: shared prefixes always form their own group (scoring a block all
+  sessions use by one session's timing is wrong); with anchors on, ``T = min(T_base,
+  T_trans)``, ``T_base = min(ia_f, now - last_f)`` (``ia_f``: EWMA, weight 0.05, of the
+  agent's inter-arrival time: an anchor many sessions reuse is worth more than a
+  single-use block, and one idle for long loses protection like any LRU entry); with
+  transitions on, ``T_trans = g / sum_i N_i P(f | i)`` where ``N_i`` counts active
+  sessions whose current agent is ``i``.
 
 Sessions idle longer than ``end_factor`` (default 2) times the 99th percentile of learned
 gaps are ended: the gap model records an end (tau = inf) and the transition learner
@@ -132,10 +141,10 @@ class GroupEvictionPolicy(EvictionPolicy):
                  dead_max_reuse: float = 0.02, end_factor: float = 2.0,
                  eps: float = 0.1, max_sessions: int = 4096, max_agents: int = 64,
                  max_tools: int = 64, max_prefix_keys: int = 1 << 18,
-                 global_gaps: str = "wait"):
+                 global_gaps: str = "wait", no_tool_context: bool = False):
         self.block_size = block_size
-        if global_gaps not in ("wait", "survival", "min", "off"):
-            raise ValueError(f"global_gaps must be wait, survival, min or off, got {global_gaps!r}")
+        if global_gaps not in ("wait", "survival", "off"):
+            raise ValueError(f"global_gaps must be wait, survival or off, got {global_gaps!r}")
         self.global_gaps = global_gaps
         self.sig = signals or Signals()
         self.cluster_fn = cluster_fn
@@ -145,7 +154,8 @@ class GroupEvictionPolicy(EvictionPolicy):
         self.max_sessions = max_sessions
         self.max_agents = max_agents
         self.prefix = PrefixOwnership(max_prefix_keys)
-        self.gaps = GapPredictor(min_samples=min_samples, max_keys=max_tools)
+        self.gaps = GapPredictor(min_samples=min_samples, max_keys=max_tools,
+                                 no_tool_context=no_tool_context)
         self.trans = TransitionLearner(eps=eps, max_agents=max_agents)
         self.sessions: OrderedDict[Hashable, Session] = OrderedDict()
         self.agents: OrderedDict[Hashable, Agent] = OrderedDict()
@@ -188,8 +198,10 @@ class GroupEvictionPolicy(EvictionPolicy):
                 sid = ("anon", keys[0] if keys else ctx.request_id)
         limit = min(len(keys), ctx.input_length // self.block_size)
         self.prefix.observe(keys[:limit], sid)
-        anchor_len = self.prefix.anchor_length(keys) if self.sig.anchors else 0
-        fp = self.prefix.fingerprint(keys) if (self.sig.anchors or self.sig.transitions) else None
+        # shared prefixes always form their own group (scored by recency when anchors are
+        # off): scoring a block every session uses by one session's timing is wrong
+        anchor_len = self.prefix.anchor_length(keys)
+        fp = self.prefix.fingerprint(keys)
         sess = self._session(sid)
         agent = self._agent(fp) if fp is not None else None
         if learn:
@@ -446,6 +458,7 @@ class GroupEvictionPolicy(EvictionPolicy):
                 a = g.agent
                 if a.n >= 3 and a.ia < INF:
                     T = min(a.ia, max(0.0, now - a.last_s))
+                if T is not None:
                     if sig.transitions and self.step_gap > 0:
                         rate = 0.0
                         for i, n_i in self.at_agent.items():
@@ -469,21 +482,11 @@ class GroupEvictionPolicy(EvictionPolicy):
         if h is not None:
             return h.expected_wait(e)
         mode = self.global_gaps
-        if mode in ("wait", "min"):
+        if mode == "wait":
             g = self.gaps.histogram()
             if g is not None and g.informative():
-                w = g.expected_wait(e)
-                if mode == "min":
-                    front = next(iter(self._front_time(sess)), None)
-                    if front is not None:
-                        w = min(w, (now - front) / max(g.p_return(e), 0.02))
-                return w
+                return g.expected_wait(e)
         return None
-
-    def _front_time(self, sess: Session):
-        for g in sess.groups.values():
-            if g.free and g.kind == THREAD:
-                yield next(iter(g.free.values()))[1]
 
     def _return_probability(self, sess: Session, now: float) -> float:
         """P(the session comes back | idle for e) from all learned gaps and ends; 1 when
