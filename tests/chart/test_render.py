@@ -201,8 +201,7 @@ def test_operator_rbac_cluster_wide(default_objects):
     args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[0] == "operator" and "--peering=anchorage" in args
     assert not [a for a in args if a.startswith("--namespace")]  # all namespaces
-    env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert env["ANCHORAGE_OPERATOR_METRICS_PORT"] == "8080"
+    assert "--metrics-port=8080" in args
 
 
 def test_operator_rbac_namespaced(all_on_objects):
@@ -220,6 +219,7 @@ def test_operator_rbac_namespaced(all_on_objects):
     parsed = build_parser().parse_args(args)
     assert parsed.namespace == ["llm", "agents"] and parsed.peering == "anchorage"
     assert parsed.liveness == "http://0.0.0.0:8081/healthz" and not parsed.standalone
+    assert parsed.metrics_port == 8080
 
 
 def test_no_wildcards_and_no_secrets_access(all_on_objects, default_objects):
