@@ -24,6 +24,7 @@ import pytest
 from anchorage.policies.base import RequestContext
 from anchorage.policies.lru import LRUPolicy
 from anchorage.pool.block_pool import BlockPool
+from tests.conftest import shared_trace
 from tests.pool.vllm_side import VllmSide, vllm_kv  # noqa: F401 (fixture)
 from tests.pool.workload import Req, agent_workload, token_blocks
 
@@ -76,9 +77,11 @@ def assert_same_state(vs: VllmSide, ms: ModelSide, hash_to_key: dict, key_to_has
 
 
 def run_trace(v, seed: int, block_size: int, capacity_blocks: int, n_requests: int,
-              max_running: int, p_one_shot: float) -> dict[str, int]:
+              max_running: int, p_one_shot: float, reqs: list[Req] | None = None
+              ) -> dict[str, int]:
     rng = random.Random(seed)
-    reqs = agent_workload(rng, block_size, n_requests)
+    if reqs is None:
+        reqs = agent_workload(rng, block_size, n_requests)
     tokens_of = token_blocks(rng, block_size)
     vs, ms = VllmSide(v, capacity_blocks, block_size), ModelSide(capacity_blocks, block_size)
     hash_to_key: dict = {}
@@ -167,3 +170,20 @@ def test_workload_exercises_pressure(vllm_kv):
             for k, val in c.items():
                 totals[k] = totals.get(k, 0) + val
     assert totals["rejected"] > 0 and totals["decode_fail"] > 0 and totals["resets"] > 0, totals
+
+
+@pytest.mark.parametrize("max_running,capacity", [(1, 300), (4, 600)])
+def test_lru_matches_vllm_on_mooncake(vllm_kv, max_running, capacity):
+    """The first 300 requests of the real Mooncake conversation trace (chained hash ids,
+    block size scaled from 512 to 16 tokens, partial last blocks kept)."""
+    from anchorage.trace.format import read_trace
+
+    header, records = read_trace(shared_trace("mooncake/conversation_trace.jsonl.xz"))
+    bs, scale = 16, header.block_size
+    reqs = []
+    for i, r in enumerate(records[:300]):
+        tail = r.input_length - (len(r.hash_ids) - 1) * scale  # tokens in the last block
+        prompt = (len(r.hash_ids) - 1) * bs + max(1, min(bs, -(-tail * bs // scale)))
+        reqs.append(Req(i, list(r.hash_ids), prompt, max(1, r.output_length * bs // scale)))
+    counts = run_trace(vllm_kv, 5, bs, capacity, len(reqs), max_running, 0.5, reqs=reqs)
+    assert counts["hit_tokens"] > 0 and counts["evictions"] > 0, counts
