@@ -1,0 +1,110 @@
+"""The node agent's Prometheus series (docs/metrics.md, "Emitted by the node agent").
+
+One collector renders every ``anchorage_*`` series from plain state at scrape time: the
+plugin's counters come from its latest snapshot (they are the engine process's totals, so
+the sidecar mirrors them instead of keeping its own copies); warm-ups, the access log and
+premature evictions are counted by the sidecar. Every series carries ``model_name``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
+                                    HistogramMetricFamily)
+from prometheus_client.registry import Collector, CollectorRegistry
+
+WARMUP_OUTCOMES = ("issued", "used", "wasted", "skipped", "failed")
+PREDICTION_OUTCOMES = ("correct", "wrong", "none")
+
+
+@dataclass
+class MetricsView:
+    """Everything a scrape shows, as plain data (built by the sidecar)."""
+
+    model_name: str
+    policy: str = "off"
+    mode: str = "stock"
+    config_generation: int = 0
+    evictions: dict[str, int] = field(default_factory=dict)
+    evictions_reused: int = 0
+    protected_blocks: dict[str, int] = field(default_factory=lambda: {"anchor": 0, "session": 0})
+    predictions: dict[str, int] = field(default_factory=dict)
+    predictability: float = 0.0
+    warmups: dict[str, int] = field(default_factory=lambda: dict.fromkeys(WARMUP_OUTCOMES, 0))
+    policy_errors: int = 0
+    decision_seconds: dict[str, Any] | None = None
+    access_log_records: int = 0
+
+
+class NodeAgentCollector(Collector):
+    def __init__(self, view: Callable[[], MetricsView]):
+        self.view = view
+
+    def collect(self):
+        v = self.view()
+        m = v.model_name
+        g = GaugeMetricFamily("anchorage_policy_info", "Policy configured in this engine "
+                              "(always 1).", labels=["model_name", "policy", "mode"])
+        g.add_metric([m, v.policy, v.mode], 1.0)
+        yield g
+        g = GaugeMetricFamily("anchorage_config_generation", "Generation of the operator's "
+                              "config in force (0 before any).", labels=["model_name"])
+        g.add_metric([m], float(v.config_generation))
+        yield g
+        c = CounterMetricFamily("anchorage_evictions", "Cached blocks evicted, by reason.",
+                                labels=["model_name", "policy", "reason"])
+        for reason, n in sorted(v.evictions.items()):
+            c.add_metric([m, v.policy, reason], float(n))
+        yield c
+        c = CounterMetricFamily("anchorage_evictions_reused", "Evicted blocks stored again "
+                                "within the horizon (premature evictions).",
+                                labels=["model_name", "policy"])
+        c.add_metric([m, v.policy], float(v.evictions_reused))
+        yield c
+        g = GaugeMetricFamily("anchorage_protected_blocks", "Free cached blocks the policy "
+                              "protects.", labels=["model_name", "kind"])
+        for kind in ("anchor", "session"):
+            g.add_metric([m, kind], float(v.protected_blocks.get(kind, 0)))
+        yield g
+        c = CounterMetricFamily("anchorage_next_agent_predictions", "Next-agent predictions "
+                                "checked against the agent that came.",
+                                labels=["model_name", "outcome"])
+        for o in PREDICTION_OUTCOMES:
+            c.add_metric([m, o], float(v.predictions.get(o, 0)))
+        yield c
+        g = GaugeMetricFamily("anchorage_predictability_ratio", "Predictability R of agent "
+                              "transitions.", labels=["model_name"])
+        g.add_metric([m], float(v.predictability))
+        yield g
+        c = CounterMetricFamily("anchorage_warmups", "Warm-up requests by outcome.",
+                                labels=["model_name", "outcome"])
+        for o in WARMUP_OUTCOMES:
+            c.add_metric([m, o], float(v.warmups.get(o, 0)))
+        yield c
+        c = CounterMetricFamily("anchorage_policy_errors", "Exceptions inside the policy "
+                                "(stock LRU for that decision).", labels=["model_name", "policy"])
+        c.add_metric([m, v.policy], float(v.policy_errors))
+        yield c
+        h = HistogramMetricFamily("anchorage_policy_decision_seconds", "Time to choose "
+                                  "eviction victims for one allocation (sampled).",
+                                  labels=["model_name", "policy"])
+        d = v.decision_seconds
+        if d and d.get("le") and len(d.get("counts", [])) == len(d["le"]):
+            buckets = [("+Inf" if le == "+Inf" else repr(float(le)), float(n))
+                       for le, n in zip(d["le"], d["counts"])]
+            h.add_metric([m, v.policy], buckets, float(d.get("sum", 0.0)))
+        else:
+            h.add_metric([m, v.policy], [("+Inf", 0.0)], 0.0)
+        yield h
+        c = CounterMetricFamily("anchorage_access_log_records", "Records written to the "
+                                "sampled access log.", labels=["model_name"])
+        c.add_metric([m], float(v.access_log_records))
+        yield c
+
+
+def make_registry(view: Callable[[], MetricsView]) -> CollectorRegistry:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(NodeAgentCollector(view))
+    return reg
