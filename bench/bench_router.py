@@ -235,7 +235,9 @@ def main() -> int:
               f"{r['pick_cpu_p50_us']:>10.1f}{r['pick_cpu_p99_us']:>10.1f}"
               f"{r['on_start_p50_us']:>14.1f}{r['on_start_p99_us']:>14.1f}  {ok}", flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({
+    prev = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
+    Path(args.out).write_text(json.dumps({**({"serve_overhead": prev["serve_overhead"]}
+                                             if "serve_overhead" in prev else {}),
         "benchmark": "router_decision_latency", "sessions": args.sessions,
         "replicas": args.replicas, "agents": args.agents, "decisions": args.decisions,
         "capacity_blocks": args.capacity, "load_average": load, "cpus": os.cpu_count(),
