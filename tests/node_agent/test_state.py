@@ -1,0 +1,192 @@
+"""The plugin -> sidecar snapshot: what the plugin records, what the exporter writes, what
+the sidecar reads (a real agent-aware policy, no engine)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+
+import pytest
+
+from anchorage.policies.base import RequestContext
+from anchorage.policies.registry import make_policy
+from anchorage.node_agent.state import (FORMAT, NodeState, PolicyStateExporter, StateError,
+                                        agent_label, parse_snapshot, read_snapshot,
+                                        write_settings)
+
+BS = 4
+GROUP0 = (0).to_bytes(4, "big")  # vLLM's key = block hash + KV-cache group id
+
+
+def toks(agent: int, session: int, n_private: int = 2) -> list[int]:
+    anchor = [100 * agent + i for i in range(3 * BS)]           # 3 shared blocks
+    return anchor + [10_000 + 97 * session + i for i in range(n_private * BS)]
+
+
+def keys_of(tokens: list[int]) -> list[bytes]:
+    out, prev = [], b"root"
+    for i in range(len(tokens) // BS):
+        prev = hashlib.sha256(prev + repr(tokens[i * BS:(i + 1) * BS]).encode()).digest()
+        out.append(prev + GROUP0)
+    return out
+
+
+def ctx(rid, tokens, session, now, warmup=False, hint=None):
+    return RequestContext(request_id=rid, keys=keys_of(tokens), input_length=len(tokens),
+                          output_length=8, now_s=now, session_id=session, agent_hint=hint,
+                          warmup=warmup)
+
+
+def drive(policy, state, reqs):
+    for rid, (agent, session, t, warm) in enumerate(reqs):
+        tk = toks(agent, session)
+        c = ctx(rid, tk, f"s{session}", t, warmup=warm, hint=f"agent{agent}")
+        policy.on_request(c)
+        state.observe(policy, c, tk, now_s=t)
+        state.observe(policy, c, tk, now_s=t)  # a second scheduling attempt: ignored
+        policy.on_request_done(c)
+
+
+@pytest.fixture
+def learned():
+    """Sessions always go agent 1 -> agent 2 -> agent 3."""
+    policy = make_policy("cachescout", block_size=BS)
+    state = NodeState(block_size=BS)
+    reqs, t = [], 0.0
+    for s in range(12):
+        for a in (1, 2, 3):
+            t += 1.0
+            reqs.append((a, s, t, False))
+    drive(policy, state, reqs)
+    return policy, state
+
+
+def test_anchor_registry_holds_the_shared_prefix_of_real_requests(learned):
+    policy, state = learned
+    anchors = state.anchors.entries
+    # the shared anchor (3 blocks) of each agent, named by the policy's fingerprint
+    for a in (1, 2, 3):
+        fp = policy.prefix.fingerprint(keys_of(toks(a, 99)))
+        e = anchors[agent_label(fp)]
+        assert e.token_ids == toks(a, 0)[: 3 * BS]
+        assert e.hint == f"agent{a}"
+    assert state.requests_seen == 36
+
+
+def test_warmups_are_not_requests_and_do_not_touch_the_registry(learned):
+    policy, state = learned
+    before = {k: (e.requests, e.last_seen_s) for k, e in state.anchors.entries.items()}
+    n = state.requests_seen
+    drive(policy, state, [(1, 50, 1000.0, True)])
+    assert state.requests_seen == n
+    assert {k: (e.requests, e.last_seen_s) for k, e in state.anchors.entries.items()} == before
+
+
+def test_predictions_are_checked_against_the_next_agent(learned):
+    _, state = learned
+    p = state.predictions
+    # 12 sessions x 2 transitions; the deterministic chain is learned after a few sessions
+    assert sum(p.values()) == 24
+    assert p["correct"] > p["wrong"]
+    assert p["correct"] >= 12
+
+
+def test_exporter_writes_a_snapshot_the_sidecar_reads(learned, tmp_path):
+    policy, state = learned
+    state.record_decision(3e-6)
+    state.record_decision(0.2)
+    path = tmp_path / "state.json"
+    write_settings(tmp_path, access_log_sample_rate=1.0)
+    exp = PolicyStateExporter(policy, path, interval_s=0.05, node_state=state,
+                              stats=lambda: {"evictions": {"fallback": 2}, "policy_errors": 1},
+                              config_generation=lambda: 7)
+    exp.write_once()
+    snap = read_snapshot(path)
+    assert snap.policy == "cachescout" and snap.mode == "active"
+    assert snap.config_generation == 7 and snap.block_size == BS
+    assert 0.0 < snap.predictability <= 1.0
+    assert snap.counters["policy_errors"] == 1
+    assert snap.counters["evictions"] == {"fallback": 2}
+    assert snap.decision_seconds["counts"][-1] == 2 and snap.decision_seconds["counts"][1] == 1
+    assert set(snap.anchors) == {e.agent for e in state.anchors.entries.values()}
+    # every recent real request is in the access-log feed at sample rate 1
+    assert len(snap.requests) == 36 and snap.requests[-1]["seq"] == 36
+    assert all(len(r["hash_ids"]) == 5 for r in snap.requests)
+    # predictions: agents with active sessions next (none here: every session ended at
+    # agent 3, whose next is END) are probabilities in [0, 1]
+    assert all(0.0 <= p <= 1.0 for _, p in snap.predictions)
+
+
+def test_predictions_name_the_next_agent_of_active_sessions(learned, tmp_path):
+    policy, state = learned
+    drive(policy, state, [(1, 77, 37.0, False)])   # a new session at agent 1
+    exp = PolicyStateExporter(policy, tmp_path / "s.json", node_state=state)
+    snap = parse_snapshot(exp.snapshot())
+    best, p = snap.predictions[0]
+    fp2 = policy.prefix.fingerprint(keys_of(toks(2, 99)))
+    assert best == agent_label(fp2) and p > 0.5
+
+
+def test_sample_rate_zero_sends_no_requests(learned, tmp_path):
+    policy, state = learned
+    exp = PolicyStateExporter(policy, tmp_path / "state.json", node_state=state)
+    assert exp.snapshot()["requests"] == []     # no sidecar settings yet: nothing sampled
+
+
+def test_thread_writes_atomically_while_read(learned, tmp_path):
+    policy, state = learned
+    path = tmp_path / "state.json"
+    exp = PolicyStateExporter(policy, path, interval_s=0.001, node_state=state).start()
+    stop = threading.Event()
+    errors = []
+
+    def engine():  # the engine thread keeps mutating the policy meanwhile
+        t = 2000.0
+        while not stop.is_set():
+            t += 1
+            drive(policy, state, [(1 + int(t) % 3, int(t) % 40, t, False)])
+
+    th = threading.Thread(target=engine)
+    th.start()
+    try:
+        reads = 0
+        while reads < 200:
+            try:
+                if read_snapshot(path) is not None:
+                    reads += 1
+            except StateError as e:
+                errors.append(e)
+                break
+    finally:
+        stop.set()
+        th.join()
+        exp.stop()
+    assert not errors and exp.writes > 0 and exp.errors == 0
+
+
+def test_stub_callable_and_bad_snapshots(tmp_path):
+    path = tmp_path / "state.json"
+    exp = PolicyStateExporter(lambda: {"policy": "stub", "predictability": 0.9,
+                                       "predictions": [{"agent": "fp:1", "probability": 0.8}],
+                                       "anchors": [{"agent": "fp:1", "hint": None,
+                                                    "token_ids": [1, 2], "first_s": 0,
+                                                    "last_seen_s": 0, "requests": 1}]}, path)
+    exp.write_once()
+    snap = read_snapshot(path)
+    assert snap.policy == "stub" and snap.predictions == [("fp:1", 0.8)]
+    assert snap.anchors["fp:1"]["token_ids"] == [1, 2]
+    assert read_snapshot(tmp_path / "missing.json") is None
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(StateError, match="bad.json: not JSON"):
+        read_snapshot(tmp_path / "bad.json")
+    doc = json.loads(path.read_text())
+    doc["format"] = "other"
+    with pytest.raises(StateError, match="format"):
+        parse_snapshot(doc)
+    doc["format"] = FORMAT
+    doc["anchors"][0]["token_ids"] = ["x"]
+    with pytest.raises(StateError, match="token_ids"):
+        parse_snapshot(doc)
+    with pytest.raises(ValueError):
+        PolicyStateExporter(lambda: {}, path, interval_s=0)
