@@ -374,25 +374,28 @@ def check_targets(wl: dict, multi_agent: bool, lru_like: bool) -> list[str]:
 
 
 def hot_path_cost(policy: str = "hybrid") -> dict:
-    """Microseconds per block operation (hit, cached, freed, victim) on a toy trace."""
+    """Microseconds per block operation (hit, cached, freed, victim) on a toy trace, pool
+    included; the policy's own cost is the difference to ``lru``."""
     ctxs = toy_multiagent("pipeline", 7, sessions=300)
     unique = unique_blocks(ctxs)
     cap = max(unique // 10, 64)
     from anchorage.pool.block_pool import BlockPool
     res = {}
     for name in ("lru", policy):
-        pol = make_policy(name, block_size=16)
-        pool = BlockPool(cap, 16, pol)
-        ops = 0
-        t0 = time.perf_counter()
-        for c in ctxs:
-            ev0 = pool.stats.evictions
-            a = pool.allocate(c)
-            n = len(a.blocks)
-            pool.free(a)
-            ops += 3 * n + (pool.stats.evictions - ev0)
-        dt = time.perf_counter() - t0
-        res[name] = dt / ops * 1e6
+        best = float("inf")
+        for _ in range(3):  # best of 3: the machine is shared
+            pol = make_policy(name, block_size=16)
+            pool = BlockPool(cap, 16, pol)
+            ops = 0
+            t0 = time.perf_counter()
+            for c in ctxs:
+                ev0 = pool.stats.evictions
+                a = pool.allocate(c)
+                n = len(a.blocks)
+                pool.free(a)
+                ops += 3 * n + (pool.stats.evictions - ev0)
+            best = min(best, (time.perf_counter() - t0) / ops * 1e6)
+        res[name] = best
     res["policy_overhead_us_per_op"] = res[policy] - res["lru"]
     return res
 

@@ -45,6 +45,8 @@ class TransitionLearner:
         self._rows: OrderedDict[Hashable, dict[Hashable, float]] = OrderedDict()
         self._tot: dict[Hashable, float] = {}
         self.total = 0.0
+        self._reach_memo: dict[tuple, tuple[float, float]] = {}
+        self._memo_total = 0.0
 
     # -- learning -------------------------------------------------------------------------
 
@@ -66,7 +68,7 @@ class TransitionLearner:
 
     def observe(self, i: Hashable, j: Hashable, weight: float = 1.0) -> None:
         self.touch_agent(i)
-        if j != END:
+        if j != END and not isinstance(j, bool):  # bool targets: a yes/no learner
             self.touch_agent(j)
         row = self._rows.get(i)
         if row is None:  # i was the evicted one (max_agents == 1)
@@ -83,6 +85,9 @@ class TransitionLearner:
 
     def n_targets(self) -> int:
         return len(self._rows) + 1  # agents and END
+
+    def row_total(self, i: Hashable) -> float:
+        return self._tot.get(i, 0.0)
 
     def count(self, i: Hashable, j: Hashable) -> float:
         row = self._rows.get(i)
@@ -111,6 +116,19 @@ class TransitionLearner:
         if best is None:
             return None, 0.0
         return best, self.prob(i, best)
+
+    def reach_fast(self, i: Hashable, j: Hashable) -> tuple[float, float]:
+        """``reach`` memoised until the counts grow by more than ~3 % (hot path)."""
+        if self.total - self._memo_total > 1 + self._memo_total / 32 or self.total < self._memo_total:
+            self._reach_memo.clear()
+            self._memo_total = self.total
+        key = (i, j)
+        r = self._reach_memo.get(key)
+        if r is None:
+            r = self._reach_memo[key] = self.reach(i, j)
+            if len(self._reach_memo) > 4 * self.max_agents * self.max_agents:
+                self._reach_memo.clear()
+        return r
 
     def reach(self, i: Hashable, j: Hashable) -> tuple[float, float]:
         """(P(j within 2 steps from i), expected steps given that)."""
