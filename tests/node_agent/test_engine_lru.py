@@ -6,6 +6,7 @@ several requests are in flight and the 39-block pool evicts: once with the pool 
 by the ``lru`` policy (attached by the plugin's entry point when the engine was built),
 once stock (driver detached), with ``reset_prefix_cache`` in between. Per-request
 ``num_cached_tokens`` must be identical, and the policy must have chosen the victims.
+A policy that raises on every decision keeps the engine serving, stock, and is counted.
 """
 
 from __future__ import annotations
@@ -65,3 +66,30 @@ def test_lru_policy_in_the_engine_hits_like_stock(engine):
     assert with_policy == stock
     assert sum(stock) > 0, "the trace never hit the prefix cache"
     assert victims > 0, "no eviction went through the policy"
+
+
+def test_policy_errors_in_the_engine_keep_serving(engine):
+    from anchorage.policies.lru import LRUPolicy
+
+    class Raising(LRUPolicy):
+        name = "raising"
+
+        def pop_victim(self):
+            raise RuntimeError("injected policy failure")
+
+    trace = make_trace(engine.block_size, engine.max_model_len, n=30, seed=5)
+    driver = vllm_block_pool._driver(engine.pool)
+    try:
+        vllm_block_pool.detach(engine.pool)
+        assert engine.llm.reset_prefix_cache()
+        stock = run(engine, trace)
+        assert engine.llm.reset_prefix_cache()
+        raising = vllm_block_pool.attach(engine.pool, Raising())
+        errors0 = vllm_block_pool.STATS.errors
+        hits = run(engine, trace)  # every request completes
+    finally:
+        assert engine.llm.reset_prefix_cache()
+        vllm_block_pool.attach(engine.pool, driver.policy.__class__())
+    assert len(hits) == len(trace)
+    assert raising.errors > 0 and vllm_block_pool.STATS.errors - errors0 == raising.errors
+    assert hits == stock  # each failed decision was stock LRU
