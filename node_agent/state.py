@@ -30,7 +30,9 @@ session calls the agent next, ``1 - exp(-s)`` with ``s = sum_i N_i P(j | i)`` fr
 In the engine (what the plugin calls)::
 
     state = NodeState(block_size=pool.hash_block_size)
-    exporter = PolicyStateExporter(policy, state_path(), node_state=state).start()
+    exporter = PolicyStateExporter(policy, state_path(), node_state=state,
+                                   stats=block_pool_stats(name), policy_name=name,
+                                   config_generation=lambda: generation_in_force).start()
     # after policy.on_request(ctx), with the vLLM Request in hand:
     state.observe(policy, ctx, request.prompt_token_ids)
     # around order_victims, sampled:  state.record_decision(seconds)
@@ -259,6 +261,23 @@ def policy_view(policy: Any, k: int = 8) -> dict[str, Any]:
             session += sum(len(g.free) for g in list(s.groups.values()) if g.kind != 0)
     out["protected_blocks"] = {"anchor": anchor, "session": session}
     return out
+
+
+def block_pool_stats(policy_name: str) -> Callable[[], dict[str, Any]]:
+    """The exporter's ``stats`` from the block-pool driver's process-wide counters:
+    victims in the policy's order (reason ``lru`` for the ``lru`` policy, else ``policy``),
+    victims in stock recency order (``lru``: the policy had none left, or it failed),
+    policy errors."""
+
+    def stats() -> dict[str, Any]:
+        from anchorage.node_agent.vllm_block_pool import STATS
+
+        ev: dict[str, int] = {}
+        ev["lru" if policy_name == "lru" else "policy"] = STATS.victims
+        ev["lru"] = ev.get("lru", 0) + STATS.stock_victims
+        return {"evictions": ev, "policy_errors": STATS.errors}
+
+    return stats
 
 
 def write_snapshot(path: str | os.PathLike, snap: dict[str, Any]) -> None:

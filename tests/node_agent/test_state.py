@@ -190,3 +190,17 @@ def test_stub_callable_and_bad_snapshots(tmp_path):
         parse_snapshot(doc)
     with pytest.raises(ValueError):
         PolicyStateExporter(lambda: {}, path, interval_s=0)
+
+
+def test_block_pool_stats_reads_the_driver_counters():
+    from anchorage.node_agent import vllm_block_pool
+    from anchorage.node_agent.state import block_pool_stats
+
+    saved = vllm_block_pool.STATS
+    vllm_block_pool.STATS = vllm_block_pool.DriverStats(victims=5, stock_victims=2, errors=1)
+    try:
+        assert block_pool_stats("hybrid")() == {"evictions": {"policy": 5, "lru": 2},
+                                                "policy_errors": 1}
+        assert block_pool_stats("lru")() == {"evictions": {"lru": 7}, "policy_errors": 1}
+    finally:
+        vllm_block_pool.STATS = saved
