@@ -18,9 +18,14 @@ just seen again as new).
   anchor). The fingerprint is ``keys[n-1]`` when ``n > 0``; otherwise ``keys[0]`` (an agent
   seen in one session so far is named by its first block) or None for an empty prompt.
   Robust to what follows the anchor; no ``agent`` label is read.
-- ``infer_session(keys)``: when a request carries no session id, its session is the owner
-  of the deepest cached private key of its prefix (prefix continuity); a request that
-  continues nothing starts a new session, named by its first key.
+- ``infer_session(keys)``: when a request carries no session id, its session is the one
+  whose last prompt it extends: the deepest key of the request's leading run of known
+  keys that is some session's *tail* (the last full prompt block of that session's latest
+  request, recorded by ``note_tail``). A tail is consumed when extended (a conversation
+  continues from its last prompt once; a second request extending it is a branch, i.e.
+  a new session). Sharing a common system prompt does not link two requests; continuing
+  a conversation does. A request that continues nothing starts a new
+  session (the caller names it). Tails are LRU-capped at ``max_keys`` too.
 - ``anchor_length(keys)`` = ``n`` above (how many leading blocks are shared).
 
 Costs: O(1) per key; ``state_size_bytes`` counts nothing here (the table is a per-key side
@@ -38,13 +43,14 @@ SHARED = object()
 class PrefixOwnership:
     """Which session first cached each key; which keys are shared across sessions."""
 
-    __slots__ = ("max_keys", "_owner")
+    __slots__ = ("max_keys", "_owner", "_tails")
 
     def __init__(self, max_keys: int = 1 << 18):
         if max_keys <= 0:
             raise ValueError("max_keys must be positive")
         self.max_keys = max_keys
         self._owner: OrderedDict[Hashable, object] = OrderedDict()
+        self._tails: OrderedDict[Hashable, object] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._owner)
@@ -80,14 +86,23 @@ class PrefixOwnership:
         n = self.anchor_length(keys)
         return keys[n - 1] if n else keys[0]
 
+    def note_tail(self, key: Hashable, session: object) -> None:
+        tails = self._tails
+        tails[key] = session
+        tails.move_to_end(key)
+        while len(tails) > self.max_keys:
+            tails.popitem(last=False)
+
     def infer_session(self, keys: Sequence[Hashable]) -> object | None:
-        """Owner of the deepest known private key in the leading known run, else None."""
-        own = self._owner
-        found = None
+        """The session whose latest prompt this request extends, else None."""
+        own, tails = self._owner, self._tails
+        found = found_key = None
         for k in keys:
-            cur = own.get(k)
-            if cur is None:
+            if k not in own:
                 break
-            if cur is not SHARED:
-                found = cur
+            t = tails.get(k)
+            if t is not None:
+                found, found_key = t, k
+        if found_key is not None:
+            del tails[found_key]
         return found

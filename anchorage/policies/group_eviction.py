@@ -207,9 +207,11 @@ class GroupEvictionPolicy(EvictionPolicy):
         if sid is None:
             sid = self.prefix.infer_session(keys)
             if sid is None:
-                sid = ("anon", keys[0] if keys else ctx.request_id)
+                sid = ("anon", ctx.request_id)
         limit = min(len(keys), ctx.input_length // self.block_size)
         self.prefix.observe(keys[:limit], sid)
+        if limit and ctx.session_id is None:
+            self.prefix.note_tail(keys[limit - 1], sid)
         # shared prefixes always form their own group (scored by recency when anchors are
         # off): scoring a block every session uses by one session's timing is wrong
         anchor_len = self.prefix.anchor_length(keys)

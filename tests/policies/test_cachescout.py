@@ -106,9 +106,14 @@ def test_fingerprint_is_the_shared_prefix_and_ignores_what_follows():
 def test_session_inferred_from_prefix_continuity():
     po = PrefixOwnership()
     po.observe([1, 2, 3, 4], "s1")
-    po.observe([1, 2, 9], "s2")  # 1, 2 now shared
-    assert po.infer_session([1, 2, 3, 4, 5]) == "s1"
+    po.note_tail(4, "s1")
+    po.observe([1, 2, 9], "s2")  # 1, 2 (a common system prompt) now shared
+    po.note_tail(9, "s2")
+    assert po.infer_session([1, 2, 3, 4, 5]) == "s1"  # extends s1's last prompt
+    assert po.infer_session([1, 2, 3, 4, 6]) is None  # a second extension is a branch
     assert po.infer_session([1, 2, 9, 10]) == "s2"
+    assert po.infer_session([1, 2, 3]) is None  # shares a prefix, continues nothing
+    assert po.infer_session([1, 2, 50]) is None  # only the common system prompt
     assert po.infer_session([77]) is None
 
 
