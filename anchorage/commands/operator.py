@@ -1,7 +1,10 @@
 """`anchorage operator`: run the AgentCachePolicy operator (kopf) against the current cluster.
 
 Uses the in-cluster service account, else $KUBECONFIG / ~/.kube/config. Several replicas
-may run; kopf peering keeps exactly one active. Install the CRD first:
+may run; kopf peering keeps exactly one active: each replica takes a random peering
+priority (unless --priority is given), the highest live one works and the others pause
+until it is gone (its keep-alive expires). kopf pauses *all* operators that share a
+priority, so replicas must not be given the same --priority. Install the CRDs first:
 ``kubectl apply -f manifests/crd/``.
 """
 
@@ -18,6 +21,8 @@ def register(sub) -> None:
     p.add_argument("--peering", default="anchorage",
                    help="kopf peering name for one active operator (default: anchorage)")
     p.add_argument("--standalone", action="store_true", help="no peering (a single replica)")
+    p.add_argument("--priority", type=int, default=None,
+                   help="kopf peering priority (default: random, so one replica is active)")
     p.add_argument("--interval-s", type=float, default=None,
                    help="reconcile timer period in seconds (default 15)")
     p.add_argument("--liveness", default=None,
@@ -44,13 +49,16 @@ def run(args) -> int:
         raise CLIError("the operator needs kopf: pip install 'anchorage[operator]'") from None
     import asyncio
     import logging
+    import random
 
     import anchorage.operator.handlers  # noqa: F401  (registers the handlers)
 
     kopf.configure(verbose=args.verbose)
     logging.getLogger("kopf.objects").setLevel(logging.INFO)
     asyncio.run(kopf.operator(
-        namespaces=args.namespace or None, clusterwide=not args.namespace,
+        namespaces=args.namespace or (), clusterwide=not args.namespace,
         peering_name=args.peering, standalone=args.standalone,
+        priority=args.priority if args.priority is not None
+        else random.SystemRandom().randint(1, 2**31 - 1),
         liveness_endpoint=args.liveness))
     return 0

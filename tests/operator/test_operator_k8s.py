@@ -39,6 +39,9 @@ def poll(fn, what: str, timeout_s: float = 90.0, every_s: float = 0.5):
 
 @pytest.fixture(scope="module")
 def kube(cluster):
+    import urllib3
+
+    urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)  # self-signed, loopback
     os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
     from kubernetes import client, config
 
@@ -134,7 +137,8 @@ def operator(kube, prometheus):
     from kopf.testing import KopfRunner
 
     with KopfRunner(["run", "-m", "anchorage.operator.handlers", "--all-namespaces",
-                     "--peering", "anchorage", "--verbose"], timeout=60) as runner:
+                     "--peering", "anchorage", "--priority", "1000", "--verbose"],
+                    timeout=60) as runner:
         yield runner
     assert runner.exception is None, runner.output[-3000:]
 
