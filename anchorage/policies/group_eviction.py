@@ -187,13 +187,13 @@ class GroupEvictionPolicy(EvictionPolicy):
         self._turn_n = 0
         self._cur: tuple | None = None  # (session, agent, anchor_len, learn)
         self._touched: dict[int, Group] = {}
-        self._capacity = 0
+        self._capacity = 1
         self._gap_median: float | None = None
         self._gap_median_n = 0
 
     def attach(self, pool) -> None:
         super().attach(pool)
-        self._capacity = pool.capacity_blocks
+        self._capacity = max(1, pool.capacity_blocks)
 
     # -- request notifications ------------------------------------------------------------
 
@@ -377,20 +377,32 @@ class GroupEvictionPolicy(EvictionPolicy):
     def pop_victim(self) -> int | None:
         if self._touched:
             self._flush(self._now)
-        self._pops_since += 1
-        if self._pops_since > max(1024, 4 * len(self._nonempty)):
+        n = self._pops_since = self._pops_since + 1
+        if n > 1024 and n > 4 * len(self._nonempty):
             self._rescore()
-        self._turnover_tick()
+        if self._turn_t0 is None:
+            self._turn_t0 = self._now
+        self._turn_n += 1
+        if self._turn_n >= self._capacity:
+            self._turnover_tick()
         heap = self._heap
         while heap:
-            _, _, ver, g = heap[0]
-            if ver != g.ver or not g.free:
+            top = heap[0]
+            g = top[3]
+            free = g.free
+            if top[2] != g.ver or not free:
                 heapq.heappop(heap)
                 continue
-            b, _ = g.free.popitem(last=False)
+            b = free.popitem(last=False)[0]
             g.ver += 1
-            if g.free:
-                heapq.heapreplace(heap, self._entry(g))
+            if free:
+                seq, t = next(iter(free.values()))
+                K = g.K
+                if K is None:
+                    ep = self._epoch
+                    age = ep - t
+                    K = ep + (g.mult * age if age > 0 else 0.0) + g.add
+                heapq.heapreplace(heap, (-K, seq, g.ver, g))
             else:
                 heapq.heappop(heap)
                 self._nonempty.pop(id(g), None)
@@ -420,14 +432,11 @@ class GroupEvictionPolicy(EvictionPolicy):
         heapq.heappush(self._heap, self._entry(g))
 
     def _turnover_tick(self) -> None:
-        if self._turn_t0 is None:
-            self._turn_t0 = self._now
-        self._turn_n += 1
-        if self._turn_n >= max(1, self._capacity):
-            dt = self._now - self._turn_t0
-            self._turnover_s = dt if self._turnover_s == INF else 0.7 * self._turnover_s + 0.3 * dt
-            self._turn_t0 = self._now
-            self._turn_n = 0
+        """Called after every ``capacity`` victims: one cache turnover."""
+        dt = self._now - self._turn_t0
+        self._turnover_s = dt if self._turnover_s == INF else 0.7 * self._turnover_s + 0.3 * dt
+        self._turn_t0 = self._now
+        self._turn_n = 0
 
     def _rescore_interval(self) -> float:
         """A quarter of the cache turnover time, or the median session gap if shorter
