@@ -34,8 +34,8 @@ Scores (``T`` = expected time to next use from now, in policy-clock seconds):
   (default) the same from the histogram of all gaps, ``"survival"`` recency with
   ``mult = 1 / P(return | e)``, ``"off"`` plain recency. A histogram whose gaps all fall in
   one bin (no timing) is no signal. (``no_tool_context=True`` gives "no pending tool" its
-  own histogram; measured worse than the global one on generated topologies.) With transitions on and ``f`` not the session's
-  current agent: ``T = (T + (steps - 1) * g) / p`` (or ``mult /= p, add = (steps - 1) g /
+  own histogram; measured worse than the global one on generated topologies.) With
+  transitions on and ``f`` not the session's current agent: ``T = (T + (steps - 1) * g) / p`` (or ``mult /= p, add = (steps - 1) g /
   p`` for recency) where ``(p, steps) = reach(cur_s, f)`` (floored at 0.02) and ``g`` the
   mean session step gap. For the current agent's own thread, once tool metadata exists,
   ``p = p_stay + (1 - p_stay) * p2`` and ``steps = (p_stay + 2 (1 - p_stay) p2) / p``,
@@ -57,9 +57,11 @@ gaps are ended: the gap model records an end (tau = inf) and the transition lear
 ``i -> END``; they no longer count in ``N_i``. A returning ended session retracts that end.
 
 Re-scoring (CacheWise section 5.3): all groups with free blocks are re-scored (``epoch =
-now``) when the policy clock advanced by a quarter of the cache turnover time (time to
-evict ``capacity`` blocks, measured online as an EWMA) or after as many victims as there
-are groups with free blocks, times 4 (at least 1,024; amortised O(log G) per victim).
+now``) when a request arrives and the policy clock advanced by a quarter of the cache
+turnover time (time to evict ``capacity`` blocks, measured online as an EWMA) or by the
+median session gap if shorter (absolute scores of waiting sessions go stale on that
+scale), provided at least G/8 victims were taken since (G = groups with free blocks);
+and after 4 G victims (at least 1,024). Amortised O(log G) per victim.
 
 Learning never reads ``agent_truth`` or ``tool_duration_ms``; warm-up requests
 (``ctx.warmup``) update no statistics. State: bounded tables (sessions LRU-capped at
