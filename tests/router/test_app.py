@@ -38,6 +38,17 @@ def metric(ns, name, **labels):
     return total
 
 
+def settled_metric(ns, name, expect, **labels):
+    """The value once it reaches ``expect`` (finish/reject reports are fire-and-forget,
+    so the shared state may lag the response by a moment); the last value otherwise."""
+    deadline = time.time() + 10
+    while True:
+        v = metric(ns, name, **labels)
+        if v == expect or time.time() > deadline:
+            return v
+        time.sleep(0.2)
+
+
 def completion(ns, prompt, session=None, key="sk-alice", stream=False, **extra):
     headers = {"authorization": f"Bearer {key}"}
     if session:
@@ -64,10 +75,11 @@ def test_forwards_canonical_metadata_and_keeps_sessions_on_one_replica(router, c
                                   "anchorage.tenant": body["vllm_xargs"]["anchorage.tenant"]}
     assert "sk-alice" not in json.dumps(body) and "anchorage" not in body
     # observed cached tokens come from the upstream's usage; the router predicted hits too
+    settled_metric(ns, "anchorage_router_requests_total", 4, policy="agent", outcome="ok")
     assert metric(ns, "anchorage_router_observed_cached_tokens_total") > 0
     assert metric(ns, "anchorage_router_predicted_cached_tokens_total") > 0
-    assert metric(ns, "anchorage_router_requests_total", policy="agent", outcome="ok") == 4
-    assert metric(ns, "anchorage_router_decision_seconds_count") == 4
+    assert settled_metric(ns, "anchorage_router_requests_total", 4, policy="agent", outcome="ok") == 4
+    assert settled_metric(ns, "anchorage_router_decision_seconds_count", 4) == 4
 
 
 def test_tenants_get_distinct_cache_salts(router):
@@ -107,7 +119,7 @@ def test_mid_stream_death_ends_the_stream_with_an_error_event(router, cluster):
     assert r["status"] == 200
     assert "[DONE]" not in r["text"] and '"upstream_error"' in r["text"]
     assert r["text"].count('"served_by"') == 2          # the two chunks sent before the drop
-    assert metric(ns, "anchorage_router_requests_total", outcome="upstream_error") == 1
+    assert settled_metric(ns, "anchorage_router_requests_total", 1, outcome="upstream_error") == 1
 
 
 def test_client_leaving_mid_stream_frees_the_replica(router, cluster):
@@ -152,7 +164,7 @@ def test_bad_requests_get_clear_4xx(router):
     for kwargs, status, msg in BAD_REQUESTS:
         r = ns("http", "POST", "/v1/completions", **kwargs)
         assert r["status"] == status and msg in json.loads(r["text"])["error"]["message"], r
-    assert metric(ns, "anchorage_router_rejected_total", reason="invalid_request") == 5
+    assert settled_metric(ns, "anchorage_router_rejected_total", 5, reason="invalid_request") == 5
     assert sum(len(ns("upstream_requests", n)) for n in ns("upstream_names")) == 0
 
 
@@ -169,7 +181,7 @@ def test_models_healthz_and_ejection_of_a_dead_replica(router, cluster):
     while json.loads(ns("http", "GET", "/healthz")["text"])["healthy"] != 2:
         assert time.time() < deadline, ns("state_snapshot")
         time.sleep(0.2)
-    assert metric(ns, "anchorage_router_ejections_total") == 1
+    assert settled_metric(ns, "anchorage_router_ejections_total", 1) == 1
     ns("reset_upstreams")                               # restarts it: probes readmit it
     deadline = time.time() + 10
     while json.loads(ns("http", "GET", "/healthz")["text"])["healthy"] != 3:
