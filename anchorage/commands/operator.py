@@ -53,8 +53,8 @@ def run(args) -> int:
 
     import anchorage.operator.handlers  # noqa: F401  (registers the handlers)
 
-    kopf.configure(verbose=args.verbose)
-    logging.getLogger("kopf.objects").setLevel(logging.INFO)
+    # The CLI already configured the root logger; kopf.configure() would add a second handler.
+    logging.getLogger("kopf").setLevel(logging.DEBUG if args.verbose else logging.INFO)
     asyncio.run(kopf.operator(
         namespaces=args.namespace or (), clusterwide=not args.namespace,
         peering_name=args.peering, standalone=args.standalone,
