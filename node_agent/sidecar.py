@@ -24,6 +24,7 @@ the engine alone), ``/v1/access-log`` and ``/access-log`` (anchorage-trace/v1 JS
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import math
@@ -204,8 +205,6 @@ class Sidecar:
             access_log_records=self.access_log.kept)
 
     def _lock(self):
-        import contextlib
-
         return self.subscriber.lock if self.subscriber is not None else contextlib.nullcontext()
 
     def fresh(self, now_s: float | None = None) -> bool:
@@ -254,14 +253,8 @@ class Sidecar:
         if s is None:
             return
         self.snapshot = s
-        pid = None
-        try:
-            import json
-            pid = json.loads(self.state_file.read_text()).get("pid")
-        except (OSError, ValueError):
-            pass
-        if pid != self._last_req_pid:  # engine restarted: sequence numbers restart
-            self._last_req_pid, self._last_req_seq = pid, 0
+        if s.pid != self._last_req_pid:  # engine restarted: sequence numbers restart
+            self._last_req_pid, self._last_req_seq = s.pid, 0
         for r in s.requests:
             seq = int(r.get("seq", 0))
             if seq <= self._last_req_seq:

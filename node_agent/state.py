@@ -168,16 +168,17 @@ class NodeState:
         self.requests_seen += 1
         self._seq += 1
         self.recent.append((self._seq, now, ctx))
-        keys = list(ctx.keys)
+        keys = ctx.keys  # may be a lazy sequence: read only the anchor's keys
         prefix = getattr(policy, "prefix", None)
         fp = prefix.fingerprint(keys) if prefix is not None else None
         if fp is None:
             return
         label = agent_label(fp)
-        try:
-            n = keys.index(fp) + 1
-        except ValueError:
-            n = 0
+        n = 0
+        for i, k in enumerate(keys):
+            if k == fp:
+                n = i + 1
+                break
         if n and prompt_token_ids is not None:
             toks = prompt_token_ids
             self.anchors.offer(label, lambda: list(toks[: n * self.block_size]), now,
@@ -232,7 +233,8 @@ class NodeState:
             if stable_hash(key) % 10_000 >= thr:
                 continue
             n = min(len(c.keys), c.input_length // self.block_size) if self.block_size else 0
-            out.append({"seq": seq, "t": t, "hash_ids": [stable_hash(k) for k in c.keys[:n]],
+            out.append({"seq": seq, "t": t,
+                        "hash_ids": [stable_hash(k) for k in list(c.keys[:n])],
                         "input_length": c.input_length, "output_length": c.output_length,
                         "session_id": sid, "tenant": c.tenant, "tool_name": c.tool_name,
                         "tool_args": c.tool_args, "agent": c.agent_hint})
@@ -421,6 +423,7 @@ class Snapshot:
     decision_seconds: dict[str, Any] | None
     anchors: dict[str, dict[str, Any]] = field(default_factory=dict)
     requests: list[dict[str, Any]] = field(default_factory=list)
+    pid: int | None = None
 
 
 def parse_snapshot(doc: Any, where: str = "snapshot") -> Snapshot:
@@ -445,7 +448,8 @@ def parse_snapshot(doc: Any, where: str = "snapshot") -> Snapshot:
             counters=dict(doc.get("counters", {})),
             protected_blocks={str(k): int(v) for k, v in doc.get("protected_blocks", {}).items()},
             decision_seconds=doc.get("decision_seconds"), anchors=anchors,
-            requests=list(doc.get("requests", [])))
+            requests=list(doc.get("requests", [])),
+            pid=doc.get("pid") if isinstance(doc.get("pid"), int) else None)
     except (KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, StateError):
             raise
