@@ -13,6 +13,7 @@ path). Block keys are vLLM's own block hashes with the KV-cache group id appende
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from anchorage.policies.base import RequestContext
@@ -33,12 +34,34 @@ def _str(v: Any) -> str | None:
     return v if isinstance(v, str) else None
 
 
+class BlockKeys(Sequence):
+    """The request's block keys, made on access (most policies read a few of them)."""
+
+    __slots__ = ("_hashes", "_suffix", "_n")
+
+    def __init__(self, hashes: Sequence[bytes], suffix: bytes):
+        self._hashes, self._suffix = hashes, suffix
+        self._n = len(hashes)  # the prompt's blocks when the request is scheduled
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [h + self._suffix for h in list(self._hashes[: self._n])[i]]
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError(i)
+        return self._hashes[i] + self._suffix
+
+
 def context_of(request: Any, group_suffix: bytes = GROUP0) -> RequestContext:
     """The policy's view of a vLLM request (prompt block keys, metadata, wall clock)."""
     args = anchorage_args(request)
     num_prompt = int(getattr(request, "num_prompt_tokens", 0) or 0)
     hashes = getattr(request, "block_hashes", None) or ()
-    keys = [h + group_suffix for h in hashes]
+    keys = BlockKeys(hashes, group_suffix)
     sp = getattr(request, "sampling_params", None)
     max_tokens = getattr(sp, "max_tokens", None)
     return RequestContext(

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from anchorage.policies.base import EvictionPolicy, RequestContext
+from anchorage.pool.block_pool import batch_victims
 from anchorage.node_agent.request_context import anonymous_context, context_of
 
 log = logging.getLogger("anchorage.node_agent")
@@ -116,6 +117,11 @@ class PolicyDriver:
         self.contexts: OrderedDict[Any, RequestContext] = OrderedDict()
         self.errors = 0
         policy.attach(self.view)
+        # notifications the policy leaves as the base class's no-ops are not sent
+        cls = type(policy)
+        self.wants_evicted = cls.on_evicted is not EvictionPolicy.on_evicted
+        self.wants_cached = cls.on_cached is not EvictionPolicy.on_cached
+        self.pop_victims = batch_victims(policy)
 
     # -- contexts -------------------------------------------------------------------------
 
@@ -186,15 +192,22 @@ class PolicyDriver:
         if m == 0:
             return
         chosen: list = []
+        named: list = []
         failed = False
         try:
-            pop = self.policy.pop_victim
+            if self.pop_victims is not None:  # all at once (order independent of evictions)
+                named = self.pop_victims(m)
+            else:
+                pop = self.policy.pop_victim
+                named = []
+                for _ in range(m):
+                    b = pop()
+                    if b is None:
+                        break
+                    named.append(b)
             blocks = pool.blocks
             seen: set[int] = set()
-            for _ in range(m):
-                b = pop()
-                if b is None:
-                    break
+            for b in named:
                 if type(b) is not int or not 0 < b < len(blocks) or b in seen:
                     raise InvalidVictim(f"victim {b!r}")
                 vb = blocks[b]
@@ -205,8 +218,15 @@ class PolicyDriver:
         except Exception:
             self._error("pop_victim")
             failed = True
-            if chosen:  # hand them back: this decision is stock
-                self.notify(self.policy.on_freed, self.ctx(), [v.block_id for v in chosen])
+            # hand back what it named and is still evictable: this decision is stock
+            back = [v.block_id for v in chosen]
+            blocks = pool.blocks
+            for b in named[len(chosen) + 1:]:
+                if (type(b) is int and 0 < b < len(blocks) and blocks[b].ref_cnt == 0
+                        and blocks[b].prev_free_block is not None and b not in back):
+                    back.append(b)
+            if back:
+                self.notify(self.policy.on_freed, self.ctx(), back)
             chosen = []
         if chosen:
             for vb in uncached:
@@ -367,7 +387,7 @@ def _free_blocks(self, ordered_blocks):
 def _cache_full_blocks(self, request, blocks, num_cached_blocks, num_full_blocks, *args,
                        **kwargs):
     d = _driver(self)
-    if d is None:
+    if d is None or not d.wants_cached:
         return _ORIG["BlockPool.cache_full_blocks"](self, request, blocks, num_cached_blocks,
                                                     num_full_blocks, *args, **kwargs)
     new = blocks[num_cached_blocks:num_full_blocks]
@@ -387,7 +407,7 @@ def _maybe_evict_cached_block(self, block) -> bool:
     d = _driver(self)
     key = block.block_hash if d is not None else None
     evicted = _ORIG["BlockPool._maybe_evict_cached_block"](self, block)
-    if d is not None and evicted and key is not None:
+    if d is not None and evicted and key is not None and d.wants_evicted:
         d.notify(d.policy.on_evicted, block.block_id, key)
     return evicted
 

@@ -33,6 +33,19 @@ from anchorage.policies.base import EvictionPolicy, RequestContext
 Key = Hashable
 
 
+def batch_victims(policy: EvictionPolicy):
+    """The policy's ``pop_victims(n)`` when it may stand in for ``n`` calls of its
+    ``pop_victim`` (the class that defines ``pop_victim`` defines it too, so a subclass
+    that overrides only ``pop_victim`` is never bypassed); else None."""
+    fn = getattr(policy, "pop_victims", None)
+    if fn is None:
+        return None
+    for klass in type(policy).__mro__:
+        if "pop_victim" in klass.__dict__:
+            return fn if "pop_victims" in klass.__dict__ else None
+    return None
+
+
 class PoolError(RuntimeError):
     """A request cannot be placed (not enough free blocks) or the pool was misused."""
 
@@ -90,7 +103,7 @@ class BlockPool:
         # Fast paths, chosen once: a policy whose victims do not depend on eviction
         # notifications may hand over several at once (``pop_victims``), and a pool
         # class that does not hook ``_evict`` (e.g. to emit events) evicts inline.
-        self._pop_victims = getattr(policy, "pop_victims", None)
+        self._pop_victims = batch_victims(policy)
         self._inline_evict = type(self)._evict is BlockPool._evict
         self._notify_evicted = type(policy).on_evicted is not EvictionPolicy.on_evicted
         self._notify_cached = type(policy).on_cached is not EvictionPolicy.on_cached

@@ -145,3 +145,18 @@ def test_belady_next_use_refreshed_when_the_key_is_requested():
     assert list(pol.eviction_order()) == [2, 1]
     pol.on_request(cs[2])
     assert list(pol.eviction_order()) == [1, 2]
+
+
+def test_subclass_overriding_pop_victim_is_not_bypassed():
+    class MRU(LRUPolicy):
+        name = "mru"
+
+        def pop_victim(self):
+            return self._queue.popitem(last=True)[0] if self._queue else None
+
+    pool = BlockPool(3, BS, MRU())
+    for i, k in enumerate(["x", "y", "z"]):
+        pool.free(pool.allocate(ctx(i, [k], BS)))
+    pool.allocate(ctx(3, ["w"], BS))
+    assert pool.get_cached_block("z") is None  # most recently freed goes first
+    assert pool.get_cached_block("x") == 1
