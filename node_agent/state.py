@@ -148,6 +148,8 @@ class NodeState:
         self._seen_ids: OrderedDict[Any, None] = OrderedDict()
         self.recent: deque[tuple[int, float, Any]] = deque(maxlen=max_requests)
         self._seq = 0
+        self.predictability = 0.0  # set by the exporter thread
+        self._labels: dict[Hashable, str] = {}
         self.hist_counts = [0] * (len(DECISION_BUCKETS_S) + 1)
         self.hist_sum = 0.0
 
@@ -168,17 +170,10 @@ class NodeState:
         self.requests_seen += 1
         self._seq += 1
         self.recent.append((self._seq, now, ctx))
-        keys = ctx.keys  # may be a lazy sequence: read only the anchor's keys
-        prefix = getattr(policy, "prefix", None)
-        fp = prefix.fingerprint(keys) if prefix is not None else None
+        fp, n = self._fingerprint(policy, ctx.keys)
         if fp is None:
             return
-        label = agent_label(fp)
-        n = 0
-        for i, k in enumerate(keys):
-            if k == fp:
-                n = i + 1
-                break
+        label = self._label(fp)
         if n and prompt_token_ids is not None:
             toks = prompt_token_ids
             self.anchors.offer(label, lambda: list(toks[: n * self.block_size]), now,
@@ -190,19 +185,49 @@ class NodeState:
                 self.predictions["none" if exp is None else
                                  "correct" if exp == label else "wrong"] += 1
                 self._expect.move_to_end(sid)
-            self._expect[sid] = self._predict(policy, fp)
+            self._expect[sid] = self._predict(policy, fp, self.predictability)
             while len(self._expect) > self._max_sessions:
                 self._expect.popitem(last=False)
 
     @staticmethod
-    def _predict(policy: Any, fp: Hashable, r_min: float = 0.3) -> str | None:
+    def _fingerprint(policy: Any, keys: Sequence[Hashable]) -> tuple[Hashable | None, int]:
+        """(fingerprint, anchor length in blocks) of the request the policy just saw.
+
+        A ``GroupEvictionPolicy`` has both at hand after ``on_request`` (``_cur``: session,
+        agent, shared-run length); otherwise they are recomputed from its prefix table."""
+        cur = getattr(policy, "_cur", None)
+        if isinstance(cur, tuple) and len(cur) >= 3:
+            agent, shared = cur[1], cur[2]
+            fp = getattr(agent, "fp", None)
+            if fp is not None and isinstance(shared, int):
+                n = max(shared, 1)
+                if n <= len(keys) and keys[n - 1] == fp:
+                    return fp, n
+        prefix = getattr(policy, "prefix", None)
+        fp = prefix.fingerprint(keys) if prefix is not None else None
+        if fp is None:
+            return None, 0
+        for i, k in enumerate(keys):
+            if k == fp:
+                return fp, i + 1
+        return fp, 0
+
+    def _label(self, fp: Hashable) -> str:
+        lab = self._labels.get(fp)
+        if lab is None:
+            lab = self._labels[fp] = agent_label(fp)
+            if len(self._labels) > 4 * self.anchors.max_anchors:
+                self._labels.pop(next(iter(self._labels)))
+        return lab
+
+    def _predict(self, policy: Any, fp: Hashable, r: float, r_min: float = 0.3) -> str | None:
+        """The session's predicted next agent, None below the gate. ``r`` is the last R
+        the exporter computed (O(agents^2): never on the request path)."""
         trans = getattr(policy, "trans", None)
-        if trans is None:
-            return None
-        if trans.predictability() < r_min:
+        if trans is None or r < r_min:
             return None
         nxt, _ = trans.next_agent(fp)
-        return None if nxt is None or not isinstance(nxt, (bytes, int, str)) else agent_label(nxt)
+        return None if nxt is None or not isinstance(nxt, (bytes, int, str)) else self._label(nxt)
 
     def record_decision(self, seconds: float) -> None:
         i = 0
@@ -287,8 +312,9 @@ def write_snapshot(path: str | os.PathLike, snap: dict[str, Any]) -> None:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    data = json.dumps(snap, separators=(",", ":"))
     with open(tmp, "w") as fh:
-        json.dump(snap, fh, separators=(",", ":"))
+        fh.write(data)
     os.replace(tmp, p)
 
 
@@ -352,6 +378,8 @@ class PolicyStateExporter:
     def snapshot(self) -> dict[str, Any]:
         v = self._view()
         st = self.node_state
+        if st is not None:
+            st.predictability = float(v.get("predictability", 0.0))
         stats = self.stats() if self.stats is not None else {}
         gen = self.config_generation() if callable(self.config_generation) else self.config_generation
         evictions = dict(stats.get("evictions", {}))

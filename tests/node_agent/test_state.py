@@ -4,6 +4,7 @@ the sidecar reads (a real agent-aware policy, no engine)."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import threading
 
@@ -38,8 +39,12 @@ def ctx(rid, tokens, session, now, warmup=False, hint=None):
                           warmup=warmup)
 
 
+_RID = itertools.count()
+
+
 def drive(policy, state, reqs):
-    for rid, (agent, session, t, warm) in enumerate(reqs):
+    for agent, session, t, warm in reqs:
+        rid = next(_RID)
         tk = toks(agent, session)
         c = ctx(rid, tk, f"s{session}", t, warmup=warm, hint=f"agent{agent}")
         policy.on_request(c)
@@ -53,12 +58,13 @@ def learned():
     """Sessions always go agent 1 -> agent 2 -> agent 3."""
     policy = make_policy("cachescout", block_size=BS)
     state = NodeState(block_size=BS)
-    reqs, t = [], 0.0
+    exporter = PolicyStateExporter(policy, "/nonexistent/state.json", node_state=state)
+    t = 0.0
     for s in range(12):
         for a in (1, 2, 3):
             t += 1.0
-            reqs.append((a, s, t, False))
-    drive(policy, state, reqs)
+            drive(policy, state, [(a, s, t, False)])
+        exporter.snapshot()  # what the exporter thread does every interval: R for the gate
     return policy, state
 
 
