@@ -63,6 +63,7 @@ class SidecarConfig:
     policy_env: str | None = None       # ANCHORAGE_POLICY (policy_info before a snapshot)
     tick_s: float = 0.5
     snapshot_max_age_s: float = 5.0
+    snapshot_grace_s: float = 60.0      # no snapshot this long after the engine is up: stock
     request_timeout_s: float = 60.0
     horizon_s: float = 600.0
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
@@ -162,6 +163,7 @@ class Sidecar:
         self.snapshot: Snapshot | None = None
         self.snapshot_error: str | None = None
         self.engine_ok = False
+        self._engine_up_s: float | None = None
         self.running = self.waiting = 0
         self.warmups = {"issued": 0, "skipped": 0, "failed": 0}
         self.config_generation = 0
@@ -212,14 +214,20 @@ class Sidecar:
         now = time.time() if now_s is None else now_s
         return s is not None and now - s.written_s <= self.cfg.snapshot_max_age_s
 
-    def ready(self) -> tuple[bool, str]:
+    def ready(self, now_s: float | None = None) -> tuple[bool, str]:
+        """Engine answering, and (with a policy configured) a fresh plugin snapshot. A
+        plugin that never wrote one within ``snapshot_grace_s`` of the engine being up
+        left vLLM stock (unsupported version, bad policy): the replica still serves."""
         if not self.engine_ok:
             return False, "engine not answering"
-        if self.cfg.policy_env and self.cfg.policy_env.strip().lower() not in ("", "off", "none",
-                                                                              "stock"):
-            if not self.fresh():
-                return False, f"no fresh plugin snapshot at {self.state_file}" + (
-                    f" ({self.snapshot_error})" if self.snapshot_error else "")
+        now = time.time() if now_s is None else now_s
+        policy = (self.cfg.policy_env or "").strip().lower()
+        if policy not in ("", "off", "none", "stock") and not self.fresh(now):
+            if (self.snapshot is None and self._engine_up_s is not None
+                    and now - self._engine_up_s >= self.cfg.snapshot_grace_s):
+                return True, "ok (no plugin snapshot: the engine runs stock)"
+            return False, f"no fresh plugin snapshot at {self.state_file}" + (
+                f" ({self.snapshot_error})" if self.snapshot_error else "")
         return True, "ok"
 
     # -- one tick -------------------------------------------------------------------------
@@ -236,6 +244,8 @@ class Sidecar:
                 data = m.json().get("data") or []
                 if data:
                     self.model_name = str(data[0]["id"])
+            if not self.engine_ok:
+                self._engine_up_s = time.time()
             self.engine_ok = True
         except Exception as exc:  # noqa: BLE001 - any failure means "not ready"
             if self.engine_ok:

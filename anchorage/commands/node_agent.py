@@ -46,6 +46,9 @@ def register(sub) -> None:
     p.add_argument("--tick", type=float, default=0.5, metavar="SECONDS")
     p.add_argument("--snapshot-max-age", type=float, default=5.0, metavar="SECONDS",
                    help="a plugin snapshot older than this is stale (not ready)")
+    p.add_argument("--snapshot-grace", type=float, default=60.0, metavar="SECONDS",
+                   help="with ANCHORAGE_POLICY set and no snapshot this long after the engine "
+                        "answers, the engine runs stock: ready anyway")
     p.set_defaults(func=run)
 
 
@@ -75,7 +78,8 @@ def make_config(args):
             kv_topic=args.kv_topic, state_dir=args.state_dir, host=host, port=port,
             model_name=args.model_name, config_path=os.environ.get("ANCHORAGE_CONFIG") or None,
             policy_env=os.environ.get("ANCHORAGE_POLICY") or None, tick_s=args.tick,
-            snapshot_max_age_s=args.snapshot_max_age, warmup=warm, access_log=alog)
+            snapshot_max_age_s=args.snapshot_max_age, snapshot_grace_s=args.snapshot_grace,
+            warmup=warm, access_log=alog)
     except ValueError as exc:
         raise CLIError(str(exc)) from None
 

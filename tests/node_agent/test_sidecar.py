@@ -245,3 +245,18 @@ def test_pure_helpers(tmp_path):
         SidecarConfig(engine_url="localhost:8000")
     with pytest.raises(ValueError, match="KV events"):
         SidecarConfig(kv_events="/tmp/x.ipc")
+
+
+def test_readiness_without_a_plugin_snapshot(tmp_path):
+    sc = Sidecar(SidecarConfig(state_dir=str(tmp_path), policy_env="hybrid",
+                               snapshot_grace_s=30.0))
+    assert sc.ready() == (False, "engine not answering")
+    sc.engine_ok, sc._engine_up_s = True, 1000.0
+    ok, why = sc.ready(now_s=1010.0)
+    assert not ok and "no fresh plugin snapshot" in why
+    ok, why = sc.ready(now_s=1031.0)        # the plugin never wrote: vLLM runs stock
+    assert ok and "stock" in why
+    sc_off = Sidecar(SidecarConfig(state_dir=str(tmp_path), policy_env="off"))
+    sc_off.engine_ok = True
+    assert sc_off.ready() == (True, "ok")
+
