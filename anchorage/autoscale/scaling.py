@@ -10,9 +10,10 @@ evaluations (persisted by the operator in ``status.decision`` so a restart resum
 3. Pressure is HIGH when any of
      q > maxQueueDepth                       want ceil(R * q / maxQueueDepth)
      u > maxKvUsage                          want ceil(R * u / maxKvUsage)
-     h < targetHitRate and m > 0 and m >= (targetHitRate - h) / 2
-                                             want R + 1 (the shortfall is capacity-caused:
-                                             blocks are evicted and then reused soon)
+     h < targetHitRate and m > 0 and h + m >= targetHitRate
+                                             want R + 1 (capacity explains the shortfall:
+                                             winning back the blocks evicted and then
+                                             reused soon would reach the target)
    want = min(maxReplicas, R + maxScaleUpStep, max(wants)). A hit rate below target that
    capacity does not explain (cold prefixes, poor routing) never scales out.
 4. Pressure is LOW when one replica fewer (N = R - 1 >= minReplicas, factor f = R / N) keeps
@@ -128,7 +129,7 @@ def _want_up(s: FleetSignals, r: int, cfg: AutoscaleConfig) -> tuple[int, list[s
                      else r + 1)
         reasons.append(f"KV usage {s.kv_usage:.2f} > {cfg.max_kv_usage:g}")
     h, m = s.hit_rate, s.capacity_miss_rate
-    if h is not None and h < cfg.target_hit_rate and m > 0 and m >= (cfg.target_hit_rate - h) / 2:
+    if h is not None and h < cfg.target_hit_rate and m > 0 and h + m >= cfg.target_hit_rate:
         wants.append(r + 1)
         cache = True
         reasons.append(f"hit rate {h:.2f} < target {cfg.target_hit_rate:g} with "

@@ -35,13 +35,13 @@ def test_kv_pressure_scales_out_and_max_bound_holds():
 
 
 def test_low_hit_rate_scales_out_only_when_capacity_explains_it():
-    cap = sig(hit_rate=0.3, capacity_miss_rate=0.15)
+    cap = sig(hit_rate=0.3, capacity_miss_rate=0.25)
     d = decide_replicas(cap, 2, FAST, ScalerState(), 0)
     assert d.desired == 3 and "soon-reused" in d.reason
     assert d.state.cache_floor == 3
-    cold = sig(hit_rate=0.3, capacity_miss_rate=0.01)  # misses are cold, not capacity
-    d = decide_replicas(cold, 2, FAST, ScalerState(), 0)
-    assert d.desired == 2 and d.pressure != "high"
+    for m in (0.01, 0.15):  # winning back every capacity miss would not reach the target
+        d = decide_replicas(sig(hit_rate=0.3, capacity_miss_rate=m), 2, FAST, ScalerState(), 0)
+        assert d.desired == 2 and d.pressure != "high"
 
 
 def test_scale_in_needs_headroom_and_projected_hit_rate():
@@ -152,11 +152,12 @@ def test_never_flaps_on_noisy_metrics(seed):
                           scale_down_stabilization_s=120, cooldown_s=60)
     r, st, actions = 4, ScalerState(), []
     for t in range(0, 4 * 3600, 10):
-        # load per fleet ~ constant: 4 replicas' worth at the queue threshold, with noise
+        # a steady fleet load worth 4 replicas at the queue threshold, jittering +-30 %;
+        # the hit rate jitters around the target; capacity misses shrink as replicas grow
         q = max(0.0, 4.0 * 4 / r * rng.uniform(0.7, 1.3))
         kv = min(1.0, 0.85 * 4 / r * rng.uniform(0.85, 1.15))
-        h = min(1.0, max(0.0, 0.5 + rng.uniform(-0.1, 0.1)))
-        m = rng.uniform(0.0, 0.08)
+        m = rng.uniform(0.0, 0.08) * 4 / r
+        h = min(1.0, max(0.0, 0.5 + rng.uniform(-0.1, 0.1) - m))
         d = decide_replicas(FleetSignals(h, q, kv, m), r, cfg, st, t)
         if d.desired != r:
             actions.append((t, r, d.desired))
@@ -166,5 +167,6 @@ def test_never_flaps_on_noisy_metrics(seed):
         if (b0 - a0) * (b1 - a1) < 0:  # a reversal
             assert t1 - t0 >= cfg.scale_down_stabilization_s + cfg.cooldown_s
     reversals = sum(1 for x, y in zip(actions, actions[1:]) if (x[2] - x[1]) * (y[2] - y[1]) < 0)
-    assert reversals <= 2, actions
-    assert len(actions) <= 6, actions
+    assert reversals <= 1, actions
+    # noise does not ratchet the fleet up: a few steps to absorb the load at the limit
+    assert len(actions) <= 4 and r <= 7, actions
