@@ -59,5 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     return int(rc or 0)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # `python -m anchorage.cli`: run the one imported module, so
+    from anchorage.cli import main as _main  # CLIError is the class the commands raise
+
+    sys.exit(_main())
