@@ -1,10 +1,15 @@
 """Translate a vLLM ``Request`` into the core's ``RequestContext`` (the metadata contract).
 
 Request metadata reaches the engine as the request's ``session_id`` and
-``SamplingParams.extra_args["anchorage"]`` (``vllm_xargs.anchorage`` in the OpenAI API)::
+``SamplingParams.extra_args`` (``vllm_xargs`` in the OpenAI API), in the canonical flat
+form of ``docs/request-metadata.md`` (vLLM 0.32 accepts only scalar ``vllm_xargs``
+values)::
 
-    {"agent": str, "tool_name": str, "tool_args": any, "warmup": bool, "tenant": str}
+    {"anchorage.agent": str, "anchorage.tool_name": str, "anchorage.tool_args": JSON text,
+     "anchorage.warmup": 0|1, "anchorage.tenant": str}
 
+or, through the offline ``LLM`` API where ``extra_args`` may nest, as
+``extra_args["anchorage"] = {"agent": ..., "warmup": True, ...}`` (flat keys win).
 All fields are optional; a malformed value is ignored (never an error on the serving
 path). Block keys are vLLM's own block hashes with the KV-cache group id appended
 (``BlockHashWithGroupId``), the same keys ``BlockPool`` caches blocks under.
@@ -17,17 +22,28 @@ from collections.abc import Sequence
 from typing import Any
 
 from anchorage.policies.base import RequestContext
+from anchorage.routing.metadata import from_extra_args
 
 GROUP0 = (0).to_bytes(4, "big")  # make_block_hash_with_group_id(h, 0) == h + GROUP0
 
 
+_FIELDS = ("agent", "tool_name", "tool_args", "warmup", "tenant")
+
+
 def anchorage_args(request: Any) -> dict[str, Any]:
+    """The request's Anchorage metadata as a plain dict (nested and flat forms merged)."""
     sp = getattr(request, "sampling_params", None)
     extra = getattr(sp, "extra_args", None)
     if not isinstance(extra, dict):
         return {}
-    args = extra.get("anchorage")
-    return args if isinstance(args, dict) else {}
+    nested = extra.get("anchorage")
+    out = {k: v for k, v in nested.items() if k in _FIELDS} if isinstance(nested, dict) else {}
+    if any(isinstance(k, str) and k.startswith("anchorage.") for k in extra):
+        meta = from_extra_args(extra)
+        for k in _FIELDS:
+            if f"anchorage.{k}" in extra:
+                out[k] = getattr(meta, k)
+    return out
 
 
 def _str(v: Any) -> str | None:
@@ -75,7 +91,7 @@ def context_of(request: Any, group_suffix: bytes = GROUP0) -> RequestContext:
         tool_name=_str(args.get("tool_name")),
         tool_args=args.get("tool_args"),
         agent_hint=_str(args.get("agent")),
-        warmup=args.get("warmup") is True,
+        warmup=args.get("warmup") in (True, 1),
     )
 
 

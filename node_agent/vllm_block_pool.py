@@ -32,6 +32,8 @@ whole engine when the plugin is off) run the unmodified methods.
 from __future__ import annotations
 
 import logging
+import os
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -43,6 +45,7 @@ from anchorage.node_agent.request_context import anonymous_context, context_of
 log = logging.getLogger("anchorage.node_agent")
 
 SUPPORTED_PREFIX = "0.32."
+ENV_STATE_DIR = "ANCHORAGE_STATE_DIR"
 MAX_CONTEXTS = 8192  # live requests whose context is kept (bounded against leaks)
 
 
@@ -116,6 +119,9 @@ class PolicyDriver:
         self.current: RequestContext | None = None
         self.contexts: OrderedDict[Any, RequestContext] = OrderedDict()
         self.errors = 0
+        self.state = None  # node_state.NodeState when the sidecar contract is on
+        self.exporter = None
+        self._decisions = 0
         policy.attach(self.view)
         # notifications the policy leaves as the base class's no-ops are not sent
         cls = type(policy)
@@ -146,6 +152,9 @@ class PolicyDriver:
             self.contexts.popitem(last=False)
         self.current = c
         self.notify(self.policy.on_request, c)
+        if self.state is not None:  # right after on_request: it reads the policy's request
+            self.notify(self.state.observe, self.policy, c,
+                        getattr(request, "prompt_token_ids", None))
 
     def end(self, request: Any) -> None:
         c = self.contexts.pop(getattr(request, "request_id", None), None)
@@ -345,17 +354,41 @@ def _init(self, *args: Any, **kwargs: Any) -> None:
     try:
         policy = _make_configured_policy(self)
         if policy is not None:
-            attach(self, policy)
+            driver = attach(self, policy)
+            if os.environ.get(ENV_STATE_DIR):
+                _start_exporter(self, driver, policy)
     except Exception:
         STATS.errors += 1
         log.warning("anchorage: cannot start policy %r; vLLM stays stock", _config["policy"],
                     exc_info=True)
 
 
+DECISION_SAMPLE_EVERY = 64  # decision latency is timed on one call in this many
+
+
+def _start_exporter(pool: Any, driver: PolicyDriver, policy: EvictionPolicy) -> None:
+    """Publish the policy's state for the node-agent sidecar (``node_agent/state.py``):
+    a snapshot file under ``$ANCHORAGE_STATE_DIR``, written by a daemon thread."""
+    from anchorage.node_agent.state import (NodeState, PolicyStateExporter, block_pool_stats,
+                                            state_path)
+
+    driver.state = NodeState(block_size=pool.hash_block_size)
+    driver.exporter = PolicyStateExporter(
+        policy, state_path(), node_state=driver.state,
+        stats=block_pool_stats(_config["policy"]), policy_name=_config["policy"],
+        config_generation=lambda: int(_config.get("generation") or 0)).start()
+
+
 def _get_new_blocks(self, num_blocks: int):
     d = _driver(self)
     if d is not None and self.enable_caching:
-        d.order_victims(num_blocks)
+        d._decisions += 1
+        if d.state is not None and d._decisions % DECISION_SAMPLE_EVERY == 0:
+            t0 = time.perf_counter()
+            d.order_victims(num_blocks)
+            d.state.record_decision(time.perf_counter() - t0)
+        else:
+            d.order_victims(num_blocks)
     return _ORIG["BlockPool.get_new_blocks"](self, num_blocks)
 
 
