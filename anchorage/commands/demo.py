@@ -1,0 +1,157 @@
+"""`anchorage demo`: stock vLLM vs Anchorage on the same multi-agent workload, for real.
+
+Starts the stack (`anchorage up`) with stock vLLM (LRU eviction) behind round-robin
+routing, drives the workload through it, stops it; starts it again (cold caches) with the
+Anchorage `hybrid` eviction policy behind `agent` routing, drives the same workload, stops
+it; prints the side-by-side comparison and writes a markdown report with plots.
+
+As root with `unshare` available, the whole run happens inside a private network namespace
+(a Ray Serve replica listens on every interface); `--isolate off` runs on the host's
+loopback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+CONFIGS = {"stock": ("off", "round_robin"), "anchorage": ("hybrid", "agent")}
+NETNS_ENV = "ANCHORAGE_DEMO_NETNS"
+
+
+def register(sub) -> None:
+    from anchorage.commands.drive import add_workload_args
+    from anchorage.commands.up import add_stack_args
+
+    p = sub.add_parser("demo", help="stock vLLM vs Anchorage on one workload, on this machine",
+                       description=__doc__.split("\n\n")[0])
+    add_stack_args(p, with_policy=False)
+    add_workload_args(p)
+    p.add_argument("--configs", default="stock=off/round_robin,anchorage=hybrid/agent",
+                   help="NAME=ENGINE_POLICY/ROUTER,... run in this order (default: "
+                        "stock=off/round_robin,anchorage=hybrid/agent)")
+    p.add_argument("--out", default="out/demo", help="report directory (default: out/demo)")
+    p.add_argument("--json", default=None, help="also write the figures here (bench results)")
+    p.add_argument("--isolate", choices=["auto", "on", "off"], default="auto",
+                   help="run inside a private network namespace (auto: when root with unshare)")
+    p.set_defaults(func=run)
+
+
+def parse_configs(text: str) -> dict[str, tuple[str, str]]:
+    from anchorage.cli import CLIError
+
+    out: dict[str, tuple[str, str]] = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        name, sep, rest = item.partition("=")
+        policy, sep2, router = rest.partition("/")
+        if not (sep and sep2 and name and policy and router):
+            raise CLIError(f"--configs item {item!r} is not NAME=ENGINE_POLICY/ROUTER")
+        out[name] = (policy, router)
+    if not out:
+        raise CLIError("--configs is empty")
+    return out
+
+
+def can_isolate() -> bool:
+    return (hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("unshare") is not None
+            and shutil.which("ip") is not None)
+
+
+def reexec_isolated(argv: list[str]) -> int:
+    """Run this same command inside `unshare -n` with loopback up; returns its status."""
+    env = dict(os.environ, **{NETNS_ENV: "1"})
+    cmd = ["unshare", "-n", "--", "sh", "-c",
+           'ip link set lo up && exec "$0" -m anchorage.cli "$@"', sys.executable, *argv]
+    proc = subprocess.Popen(cmd, env=env)
+    while True:
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:      # the child got the same Ctrl-C; let it clean up
+            continue
+
+
+def run(args) -> int:
+    from anchorage.cli import CLIError
+    from anchorage.commands.drive import load_workload, plan_options
+    from anchorage.commands.up import Stopper, check_dependencies, stack_config
+    from anchorage.drive import report
+    from anchorage.drive.run import drive
+    from anchorage.stack.stack import Stack
+    from anchorage.stack.supervisor import StartError
+    from anchorage.stack.tiny_model import vocab_size
+
+    configs = parse_configs(args.configs)
+    for policy, router in configs.values():     # validate every config before starting anything
+        stack_config(args, policy=policy, router=router)
+    check_dependencies()
+    isolated = os.environ.get(NETNS_ENV) == "1"
+    if not isolated and (args.isolate == "on" or (args.isolate == "auto" and can_isolate())):
+        if not can_isolate():
+            raise CLIError("--isolate on needs root with unshare and ip")
+        print("running inside a private network namespace (loopback only)", flush=True)
+        return reexec_isolated(sys.argv[1:] if sys.argv[0].endswith(("anchorage", "cli.py"))
+                               else ["demo", *sys.argv[2:]])
+    wl = load_workload(args, args.block_size)
+    print(f"workload: {wl.description}", flush=True)
+    summaries, runs, timings = {}, {}, {}
+    t_all = time.monotonic()
+    with Stopper():
+        for k, (name, (policy, router)) in enumerate(configs.items(), 1):
+            print(f"\n[{k}/{len(configs)}] {name}: engine policy {policy}, routing {router}",
+                  flush=True)
+            stack = Stack(stack_config(args, policy=policy, router=router))
+            t0 = time.monotonic()
+            try:
+                try:
+                    ep = stack.start(lambda m: print(m, flush=True))
+                except StartError as exc:
+                    if exc.tail:
+                        print(f"last lines of the log:\n{exc.tail}", file=sys.stderr)
+                    raise CLIError(str(exc)) from None
+                t_up = time.monotonic() - t0
+                opts = plan_options(args, wl, vocab_size(ep.model))
+                if args.model is None:  # the tiny engines' max model length bounds prompts
+                    cap = (args.kv_blocks // 2) * args.block_size - opts.max_output_tokens
+                    opts = replace(opts, max_prompt_tokens=min(opts.max_prompt_tokens, cap))
+                summaries[name], runs[name] = drive(ep.router, wl, opts, ep.engines,
+                                                    args.concurrency, name, args.timeout)
+                problem = stack.check()
+                if problem:
+                    raise CLIError(problem)
+            except KeyboardInterrupt:
+                print("\ninterrupted; stopping the stack ...", file=sys.stderr, flush=True)
+                stack.stop()
+                return 130
+            finally:
+                stack.stop()
+            timings[name] = {"start_s": round(t_up, 1), "total_s": round(time.monotonic() - t0, 1)}
+            print(f"  {name} stack stopped", flush=True)
+    print("\n" + report.table(summaries) + "\n", flush=True)
+    notes = [f"Workload: {wl.description}; concurrency {args.concurrency}, time compression "
+             f"{args.time_compression:g}x, {args.engines} engines x {args.kv_blocks} KV blocks of "
+             f"{args.block_size} tokens.",
+             "Configurations: " + "; ".join(f"**{n}** = engine policy `{p}`, routing `{r}`"
+                                             for n, (p, r) in configs.items()) + "."]
+    extra = {"workload": wl.description, "configs": {n: {"policy": p, "router": r}
+                                                     for n, (p, r) in configs.items()},
+             "timings": timings, "engines": args.engines, "kv_blocks": args.kv_blocks,
+             "block_size": args.block_size, "concurrency": args.concurrency,
+             "time_compression": args.time_compression, "wall_s": time.monotonic() - t_all}
+    paths = report.write(Path(args.out), summaries, runs, "Anchorage demo: stock vs Anchorage",
+                         notes, extra)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({"summaries": summaries, **extra}, indent=1,
+                                              default=str))
+    print(f"report: {paths['markdown']}\nplots: {paths['plots']}", flush=True)
+    failed = sum(s["failed"] for s in summaries.values())
+    if failed:
+        print(f"{failed} request(s) failed (see the report)", file=sys.stderr)
+        return 1
+    return 0

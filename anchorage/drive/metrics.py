@@ -1,0 +1,44 @@
+"""Scrape vLLM's own prefix-cache counters (``vllm:prefix_cache_{queries,hits}_total``) and
+prefill counters from each engine's ``/metrics``, before and after a run."""
+
+from __future__ import annotations
+
+import urllib.request
+
+COUNTERS = {"vllm:prefix_cache_queries_total": "queries", "vllm:prefix_cache_hits_total": "hits",
+            "vllm:prompt_tokens_total": "prompt_tokens"}
+
+
+def parse(text: str) -> dict[str, float]:
+    out = {v: 0.0 for v in COUNTERS.values()}
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        key = COUNTERS.get(name)
+        if key:
+            try:
+                out[key] += float(line.rsplit(" ", 1)[1])
+            except ValueError:
+                pass
+    return out
+
+
+def scrape(urls: list[str], timeout: float = 10.0) -> dict[str, float] | None:
+    """Summed counters over ``urls``; None when any engine cannot be read."""
+    total = {v: 0.0 for v in COUNTERS.values()}
+    for u in urls:
+        try:
+            with urllib.request.urlopen(u.rstrip("/") + "/metrics", timeout=timeout) as r:  # noqa: S310
+                got = parse(r.read().decode(errors="replace"))
+        except OSError:
+            return None
+        for k, v in got.items():
+            total[k] += v
+    return total
+
+
+def delta(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float] | None:
+    if before is None or after is None:
+        return None
+    return {k: after[k] - before[k] for k in after}

@@ -1,0 +1,93 @@
+"""Command lines for one vLLM engine (the OpenAI server, CPU build or GPU) and its
+node-agent sidecar. Pure: plain data in, ``(argv, env)`` out.
+
+Engine defaults for the CPU demo (ENVIRONMENT.md): tiny Llama with dummy weights, token-id
+prompts, eager mode, prefix caching, block size 32, a small KV pool
+(``num_gpu_blocks_override``) so eviction decides the hit rate, KV events on an ``ipc://``
+socket (never ``tcp://*``), ``--enable-prompt-tokens-details`` (``cached_tokens`` in usage).
+The engine runs through ``python -m anchorage.stack.vllm_server``, which registers the
+Anchorage plugin before vLLM starts; ``ANCHORAGE_POLICY`` picks the eviction policy (``off``:
+stock vLLM, nothing patched)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    index: int
+    port: int
+    sidecar_port: int
+    model: str
+    workdir: Path                      # per-engine: state dir, KV socket, home
+    policy: str = "hybrid"             # ANCHORAGE_POLICY; "off" = stock vLLM
+    served_name: str = "tiny"
+    block_size: int = 32
+    kv_blocks: int = 256               # num_gpu_blocks_override (0: vLLM sizes the pool)
+    kv_cache_bytes: int = 64 << 20
+    max_model_len: int = 0             # 0: (kv_blocks // 2) * block_size
+    dummy: bool = True                 # dummy weights, no tokenizer (the tiny model)
+    cpu: bool = True                   # CPU build: eager mode, one OpenMP thread
+    warmup: bool = True                # node-agent warm-ups
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def sidecar_url(self) -> str:
+        return f"http://127.0.0.1:{self.sidecar_port}"
+
+    @property
+    def kv_endpoint(self) -> str:
+        return f"ipc://{self.workdir}/kv.ipc"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.workdir / "state"
+
+    def model_len(self) -> int:
+        if self.max_model_len:
+            return self.max_model_len
+        return max(self.block_size, (self.kv_blocks // 2) * self.block_size)
+
+
+def engine_command(spec: EngineSpec, base_env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    argv = [sys.executable, "-m", "anchorage.stack.vllm_server", "--model", spec.model,
+            "--served-model-name", spec.served_name, "--enable-prefix-caching",
+            "--block-size", str(spec.block_size), "--enable-prompt-tokens-details",
+            "--host", "127.0.0.1", "--port", str(spec.port),
+            "--kv-events-config", json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
+                                              "endpoint": spec.kv_endpoint, "topic": "kv"})]
+    if spec.dummy:
+        argv += ["--load-format", "dummy", "--skip-tokenizer-init"]
+    if spec.cpu:
+        argv += ["--enforce-eager", "--kv-cache-memory-bytes", str(spec.kv_cache_bytes)]
+    if spec.kv_blocks:
+        argv += ["--num-gpu-blocks-override", str(spec.kv_blocks),
+                 "--max-model-len", str(spec.model_len())]
+    elif spec.max_model_len:
+        argv += ["--max-model-len", str(spec.max_model_len)]
+    env = {k: v for k, v in base_env.items() if not k.startswith("ANCHORAGE_")}
+    env.update(ANCHORAGE_POLICY=spec.policy, ANCHORAGE_STATE_DIR=str(spec.state_dir),
+               VLLM_NO_USAGE_STATS="1", VLLM_WORKER_MULTIPROC_METHOD="fork",
+               HOME=str(spec.workdir / "home"))
+    if spec.cpu:
+        env.setdefault("OMP_NUM_THREADS", "1")
+    return argv, env
+
+
+def sidecar_command(spec: EngineSpec, base_env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    argv = [sys.executable, "-m", "anchorage.cli", "node-agent", "--engine-url", spec.url,
+            "--kv-events", spec.kv_endpoint, "--kv-topic", "kv",
+            "--state-dir", str(spec.state_dir), "--listen", f"127.0.0.1:{spec.sidecar_port}",
+            "--model-name", spec.served_name]
+    if not spec.warmup:
+        argv.append("--no-warmup")
+    env = {k: v for k, v in base_env.items() if not k.startswith("ANCHORAGE_")}
+    env["ANCHORAGE_POLICY"] = spec.policy
+    return argv, env

@@ -1,0 +1,53 @@
+"""``python -m anchorage.stack.router_main CONFIG.json``: a local Ray (loopback node address,
+no dashboard) with Serve's HTTP proxy on ``127.0.0.1:<port>`` and the Anchorage router
+deployed from a ``RouterConfig`` dict. SIGTERM/SIGINT shut Serve and Ray down.
+
+Caveat (docs/demo.md): a Ray Serve replica's own gRPC server listens on every interface;
+``anchorage demo`` runs the whole stack inside a private network namespace when it can
+(root with ``unshare``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+
+def main(path: str) -> int:
+    spec = json.loads(open(path).read())
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    import ray
+    from ray import serve
+
+    from anchorage.router.app import build_app
+    from anchorage.router.config import RouterConfig
+
+    stop = {"now": False}
+
+    def on_signal(signum, frame):  # noqa: ARG001
+        stop["now"] = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    ray.init(num_cpus=spec.get("num_cpus", 2), include_dashboard=False,
+             _node_ip_address="127.0.0.1", namespace="anchorage", logging_level="WARNING",
+             log_to_driver=False, _temp_dir=spec.get("ray_temp_dir"))
+    try:
+        cfg = RouterConfig(**spec["router"]).validate()
+        serve.start(http_options={"host": "127.0.0.1", "port": spec["port"]})
+        serve.run(build_app(cfg), name="anchorage-router", route_prefix="/")
+        print("anchorage router ready", flush=True)
+        while not stop["now"]:
+            time.sleep(0.2)
+    finally:
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

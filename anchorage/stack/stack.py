@@ -1,0 +1,217 @@
+"""One Anchorage stack on loopback: N vLLM engines (each with a node-agent sidecar), the
+Ray Serve router in front of them, and a local Prometheus scraping all of them.
+
+``Stack(config).start(progress)`` starts the pieces in dependency order (engines in
+parallel, then sidecars, router, Prometheus), health-checks each and returns the endpoints;
+any failure stops everything already started and raises ``StartError`` with one line per
+cause. ``stop()`` stops everything (process groups and descendants) and is idempotent."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from anchorage.stack import engines as eng
+from anchorage.stack import ports as portmod
+from anchorage.stack import prometheus as prom
+from anchorage.stack.supervisor import StartError, Supervisor, http_ok
+from anchorage.stack.tiny_model import write_tiny_model
+
+POLICIES_OFF = ("off", "stock", "none")
+
+
+@dataclass
+class StackConfig:
+    engines: int = 2
+    policy: str = "hybrid"             # engine eviction policy (ANCHORAGE_POLICY); off = stock
+    router: str = "agent"              # routing policy
+    router_params: dict = field(default_factory=dict)
+    model: str | None = None           # None: generated tiny Llama, dummy weights
+    prometheus: str = "auto"           # auto | off
+    base_port: int = 0
+    workdir: str | None = None
+    kv_blocks: int = 256
+    block_size: int = 32
+    warmup: bool = True
+    cpu: bool = True
+    engine_timeout_s: float = 600.0
+    router_timeout_s: float = 180.0
+
+    def validate(self) -> "StackConfig":
+        if not 1 <= self.engines <= 16:
+            raise ValueError(f"--engines must be 1..16, got {self.engines}")
+        if self.prometheus not in ("auto", "off"):
+            raise ValueError(f"--prometheus must be auto or off, got {self.prometheus!r}")
+        if self.block_size % 16 or self.block_size <= 0:
+            raise ValueError(f"--block-size must be a positive multiple of 16 (32 on CPU), "
+                             f"got {self.block_size}")
+        from anchorage.policies.registry import is_offline, policy_names
+        if self.policy not in POLICIES_OFF:
+            if self.policy not in policy_names(include_offline=True) or is_offline(self.policy):
+                raise ValueError(f"unknown engine policy {self.policy!r}; known: off, "
+                                 + ", ".join(policy_names(include_offline=False)))
+        from anchorage.routing.registry import router_names
+        if self.router not in router_names():
+            raise ValueError(f"unknown router policy {self.router!r}; known: "
+                             + ", ".join(router_names()))
+        if self.model is not None and not Path(self.model).exists():
+            raise ValueError(f"--model {self.model}: no such directory")
+        return self
+
+
+@dataclass
+class Endpoints:
+    router: str
+    engines: list[str]
+    sidecars: list[str]
+    prometheus: str | None
+    workdir: str
+    model: str
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+class Stack:
+    def __init__(self, config: StackConfig) -> None:
+        self.cfg = config.validate()
+        self._tmp = None
+        if config.workdir:
+            self.workdir = Path(config.workdir)
+            self.workdir.mkdir(parents=True, exist_ok=True)
+        else:
+            self._tmp = tempfile.mkdtemp(prefix="anchorage-stack-")
+            self.workdir = Path(self._tmp)
+        self.sup = Supervisor(self.workdir / "logs")
+        self.endpoints: Endpoints | None = None
+        self.notes: list[str] = []
+
+    # -- start ---------------------------------------------------------------------------
+    def start(self, say: Callable[[str], None] = print) -> Endpoints:
+        try:
+            return self._start(say)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, say: Callable[[str], None]) -> Endpoints:
+        cfg = self.cfg
+        want_prom = cfg.prometheus == "auto"
+        binary = prom.find_binary() if want_prom else None
+        if want_prom and binary is None:
+            self.notes.append("Prometheus: not installed (scripts/setup.d/40-prometheus.sh "
+                              "installs it); running without it")
+        try:
+            ports = portmod.layout(cfg.engines, cfg.base_port)
+        except ValueError as exc:
+            raise StartError(str(exc)) from None
+        for name, port in ports.all():
+            if name == "prometheus" and binary is None:
+                continue
+            if not portmod.is_free(port):
+                raise StartError(f"port {port} ({name}) is already in use on 127.0.0.1; "
+                                 "pick another --base-port")
+        model = cfg.model or str(write_tiny_model(self.workdir / "tiny-llama"))
+        dummy = cfg.model is None
+        base_env = dict(os.environ)
+        base_env.setdefault("PYTHONUNBUFFERED", "1")
+        specs = []
+        for i in range(cfg.engines):
+            wd = self.workdir / f"engine-{i}"
+            (wd / "home").mkdir(parents=True, exist_ok=True)
+            (wd / "state").mkdir(parents=True, exist_ok=True)
+            specs.append(eng.EngineSpec(
+                index=i, port=ports.engines[i], sidecar_port=ports.sidecars[i], model=model,
+                workdir=wd, policy="off" if cfg.policy in POLICIES_OFF else cfg.policy,
+                block_size=cfg.block_size, kv_blocks=cfg.kv_blocks if dummy else 0,
+                dummy=dummy, cpu=cfg.cpu, warmup=cfg.warmup))
+        say(f"starting {cfg.engines} vLLM engine(s) (policy {cfg.policy}"
+            f"{', tiny Llama with dummy weights' if dummy else ', model ' + model}) ...")
+        children = []
+        for s in specs:
+            argv, env = eng.engine_command(s, base_env)
+            children.append((s, self.sup.start(f"engine-{s.index}", argv, env, cwd=s.workdir)))
+        t0 = time.monotonic()
+        for s, child in children:
+            self.sup.wait_ready(child, lambda s=s: http_ok(s.url + "/health"),
+                                cfg.engine_timeout_s, _ticker(say, f"engine {s.index}"))
+            say(f"  engine {s.index} ready at {s.url} ({time.monotonic() - t0:.0f} s)")
+        say("starting node-agent sidecars ...")
+        side = []
+        for s in specs:
+            argv, env = eng.sidecar_command(s, base_env)
+            side.append((s, self.sup.start(f"node-agent-{s.index}", argv, env)))
+        for s, child in side:
+            self.sup.wait_ready(child, lambda s=s: http_ok(s.sidecar_url + "/healthz"), 60)
+            say(f"  node agent {s.index} at {s.sidecar_url}")
+        say(f"starting the router (Ray Serve, policy {cfg.router}) ...")
+        router_url = f"http://127.0.0.1:{ports.router}"
+        rdir = self.workdir / "router"
+        (rdir / "home").mkdir(parents=True, exist_ok=True)
+        spec = {"port": ports.router, "num_cpus": 2, "router": {
+            "replicas": [s.url for s in specs], "policy": cfg.router,
+            "policy_params": cfg.router_params, "block_size": cfg.block_size,
+            "health_interval_s": 1.0, "model": "tiny" if dummy else None,
+            "kv_events": ({s.url: s.kv_endpoint for s in specs}
+                          if cfg.router == "precise_prefix" else {})}}
+        (rdir / "router.json").write_text(json.dumps(spec, indent=1))
+        renv = {k: v for k, v in base_env.items() if not k.startswith("RAY_ADDRESS")}
+        renv.update(HOME=str(rdir / "home"), RAY_USAGE_STATS_ENABLED="0",
+                    RAY_DISABLE_USAGE_STATS="1")
+        rchild = self.sup.start("router", [sys.executable, "-m", "anchorage.stack.router_main",
+                                           str(rdir / "router.json")], renv, cwd=rdir)
+        self.sup.wait_ready(rchild, lambda: http_ok(router_url + "/healthz"),
+                            cfg.router_timeout_s, _ticker(say, "router"))
+        say(f"  router ready at {router_url}")
+        prom_url = None
+        if binary is not None:
+            pdir = self.workdir / "prometheus"
+            pdir.mkdir(parents=True, exist_ok=True)
+            hp = lambda u: u.split("//", 1)[1]  # noqa: E731
+            (pdir / "prometheus.yml").write_text(prom.config_text({
+                "vllm": [hp(s.url) for s in specs],
+                "anchorage-node-agent": [hp(s.sidecar_url) for s in specs],
+                "anchorage-router": [hp(router_url)]}))
+            pchild = self.sup.start("prometheus", prom.command(binary, pdir, ports.prometheus))
+            prom_url = f"http://127.0.0.1:{ports.prometheus}"
+            self.sup.wait_ready(pchild, lambda: http_ok(prom_url + "/-/ready"), 60)
+            say(f"  Prometheus at {prom_url}")
+        self.endpoints = Endpoints(router=router_url, engines=[s.url for s in specs],
+                                   sidecars=[s.sidecar_url for s in specs],
+                                   prometheus=prom_url, workdir=str(self.workdir), model=model)
+        (self.workdir / "stack.json").write_text(json.dumps(self.endpoints.to_dict(), indent=1))
+        for n in self.notes:
+            say(n)
+        return self.endpoints
+
+    # -- while running -------------------------------------------------------------------
+    def check(self) -> str | None:
+        """None while every child runs, else a one-line description of the first failure."""
+        for c in self.sup.failed():
+            return f"{c.name} exited with status {c.proc.returncode} (log: {c.log})"
+        return None
+
+    # -- stop ----------------------------------------------------------------------------
+    def stop(self) -> list[int]:
+        killed = self.sup.stop_all()
+        if self._tmp:
+            import shutil
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+        return killed
+
+
+def _ticker(say: Callable[[str], None], what: str, every_s: float = 15.0):
+    state = {"next": every_s}
+
+    def on_wait(elapsed: float) -> None:
+        if elapsed >= state["next"]:
+            state["next"] += every_s
+            say(f"  ... waiting for {what} ({elapsed:.0f} s)")
+    return on_wait
