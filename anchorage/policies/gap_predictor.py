@@ -172,6 +172,7 @@ class GapPredictor:
         self.max_keys = max_keys
         self.global_hist = GapHistogram()
         self.tools_seen = False
+        self.tool_gaps = 0  # gaps that followed a tool call
         self._hists: OrderedDict[Hashable, GapHistogram] = OrderedDict()
 
     def _hist(self, key: Hashable, create: bool) -> GapHistogram | None:
@@ -199,6 +200,7 @@ class GapPredictor:
         self.global_hist.add(gap_s)
         if tool is not None:
             self.tools_seen = True
+            self.tool_gaps += 1
         for key in self._contexts(tool, cluster):
             self._hist(key, True).add(gap_s)
 
@@ -227,6 +229,12 @@ class GapPredictor:
                 return h
         g = self.global_hist
         return g if g.n >= ms else None
+
+    @property
+    def tool_fraction(self) -> float:
+        """Share of learned gaps that followed a tool call."""
+        n = self.global_hist.n
+        return self.tool_gaps / n if n else 0.0
 
     def specific(self, tool: Hashable | None = None,
                  cluster: Hashable | None = None) -> GapHistogram | None:

@@ -32,10 +32,10 @@ Scores (``T`` = expected time to next use from now, in policy-clock seconds):
   the histogram of the session's pending tool (and argument cluster) when tools are on;
   otherwise (no pending tool, or tools off), by ``global_gaps``: ``"wait"`` the same
   from the histogram of all gaps, ``"survival"`` recency with ``mult = 1 / P(return |
-  e)``, ``"off"`` plain recency, ``"auto"`` (default) ``"wait"`` once any request carried
-  tool metadata, else ``"survival"`` (measured: ``"wait"`` wins by 2-11 points on the
-  generated tool workloads, ``"survival"`` by up to 3.5 on ChatDev and 1 on Mooncake,
-  which have no tool metadata). A histogram whose gaps all fall in
+  e)``, ``"off"`` plain recency, ``"auto"`` (default) ``"wait"`` when at least 10 % of
+  learned gaps followed a tool call, else ``"survival"`` (measured: ``"wait"`` wins by
+  2-11 points on the generated tool workloads, ``"survival"`` by up to 3.5 on ChatDev, 1
+  on Mooncake (no tool metadata) and on WEKA, where only sub-agent launches are tools). A histogram whose gaps all fall in
   one bin (no timing) is no signal. (``no_tool_context=True`` gives "no pending tool" its
   own histogram; measured worse than the global one on generated topologies.) With
   transitions on and ``f`` not the session's current agent: ``T = (T + (steps - 1) * g) / p`` (or ``mult /= p, add = (steps - 1) g /
@@ -556,7 +556,7 @@ class GroupEvictionPolicy(EvictionPolicy):
     def _gap_mode(self) -> str:
         mode = self.global_gaps
         if mode == "auto":
-            return "wait" if self.gaps.tools_seen else "survival"
+            return "wait" if self.gaps.tool_fraction >= 0.1 else "survival"
         return mode
 
     def _return_probability(self, sess: Session, now: float) -> float:
