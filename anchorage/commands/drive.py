@@ -1,7 +1,7 @@
 """`anchorage drive`: replay a multi-agent workload against the router as real HTTP traffic.
 
     anchorage drive --router-url http://127.0.0.1:8000 [--engine-urls URL,URL]
-                    [--trace FILE | --topology handoff --agents 6 --sessions 24]
+                    [--trace FILE | --topology selector --agents 6 --sessions 24]
                     [--concurrency 8] [--time-compression 50] [--out DIR]
 
 Prompts are token ids built from the trace's block ids (one deterministic random token

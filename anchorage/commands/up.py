@@ -34,8 +34,8 @@ def add_stack_args(p, *, with_policy: bool = True) -> None:
     p.add_argument("--base-port", type=int, default=0,
                    help="router PORT, Prometheus PORT+1, engines PORT+10.., node agents "
                         "PORT+40.. (default: free ports)")
-    p.add_argument("--kv-blocks", type=int, default=256,
-                   help="KV cache blocks per tiny engine (small: eviction matters; default 256)")
+    p.add_argument("--kv-blocks", type=int, default=512,
+                   help="KV cache blocks per tiny engine (small: eviction matters; default 512)")
     p.add_argument("--block-size", type=int, default=32, help="KV block size in tokens (default 32)")
     p.add_argument("--no-warmup", action="store_true", help="node agents issue no warm-ups")
     p.add_argument("--gpu", action="store_true",

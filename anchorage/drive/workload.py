@@ -9,7 +9,7 @@ from anchorage.trace.format import TraceRecord
 
 # The demo's workload: ~220 requests, anchors of a few hundred to ~1,500 tokens, tool
 # gaps that matter once compressed. Small enough for two CPU engines in a few minutes.
-DEMO = {"topology": "handoff", "agents": 6, "sessions": 40, "seed": 7, "mean_requests": 6.0,
+DEMO = {"topology": "selector", "agents": 6, "sessions": 40, "seed": 7, "mean_requests": 6.0,
         "anchor_tokens": 400, "concurrency": 8.0}
 
 

@@ -27,7 +27,7 @@ class EngineSpec:
     policy: str = "hybrid"             # ANCHORAGE_POLICY; "off" = stock vLLM
     served_name: str = "tiny"
     block_size: int = 32
-    kv_blocks: int = 256               # num_gpu_blocks_override (0: vLLM sizes the pool)
+    kv_blocks: int = 512               # num_gpu_blocks_override (0: vLLM sizes the pool)
     kv_cache_bytes: int = 64 << 20
     max_model_len: int = 0             # 0: (kv_blocks // 2) * block_size
     dummy: bool = True                 # dummy weights, no tokenizer (the tiny model)

@@ -36,7 +36,7 @@ class StackConfig:
     prometheus: str = "auto"           # auto | off
     base_port: int = 0
     workdir: str | None = None
-    kv_blocks: int = 256
+    kv_blocks: int = 512
     block_size: int = 32
     warmup: bool = True
     cpu: bool = True

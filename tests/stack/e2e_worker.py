@@ -75,7 +75,7 @@ def main(result_path: str, work: str) -> None:
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     work_p = Path(work)
-    wl = generated("handoff", 6, 24, 7, 32, 6.0, 400)
+    wl = generated("selector", 6, 30, 7, 32, 6.0, 400)
     opts = {"block_size": 32, "vocab": 1024, "time_compression": 50.0}
     results = {"requests": len(wl.records), "runs": []}
     try:

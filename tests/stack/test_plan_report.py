@@ -1,0 +1,152 @@
+"""Pure parts of the stack: the drive plan (trace -> HTTP requests), the report, the port
+layout, engine command lines, the Prometheus config, and the supervisor's clean stop."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from anchorage.drive.plan import PlanOptions, plan
+from anchorage.drive.replay import Result
+from anchorage.drive.report import markdown, percentile, summarize, table
+from anchorage.trace.format import TraceRecord
+
+
+def rec(ts, ids, inp, sid="s1", tool=None, agent="a", out=5, tenant=None):
+    return TraceRecord(timestamp=ts, hash_ids=ids, output_length=out, input_length=inp,
+                       session_id=sid, agent=agent, tool_name=tool,
+                       tool_args={"path": "x.py"} if tool else None, tenant=tenant)
+
+
+def test_equal_ids_give_equal_tokens_and_prefixes_are_kept():
+    B = 4
+    r1 = rec(0, [1, 2, 3], 12, sid="s1")
+    r2 = rec(10, [1, 2, 9, 10], 15, sid="s2")
+    r3 = rec(20, [1, 2, 3], 12, sid="s3", tenant="t")
+    sp = {s.session: s for s in plan([r1, r2, r3], PlanOptions(block_size=B, vocab=50))}
+    p1, p2, p3 = (sp[s].requests[0].body["prompt"] for s in ("s1", "s2", "s3"))
+    assert len(p1) == 12 and len(p2) == 15
+    assert p1[:8] == p2[:8] and p1[8:12] != p2[8:12]
+    assert p3 != p1                                   # tenants never share blocks
+    assert all(3 <= t < 50 for t in p1 + p2 + p3)
+    again = {s.session: s for s in plan([r1, r2, r3], PlanOptions(block_size=B, vocab=50))}
+    assert again["s1"].requests[0].body["prompt"] == p1     # deterministic
+
+
+def test_truncation_keeps_the_prefix_and_max_tokens_is_clamped():
+    r = rec(0, list(range(1, 11)), 40, out=0)
+    long = plan([r], PlanOptions(block_size=4, max_prompt_tokens=100))[0].requests[0]
+    short = plan([r], PlanOptions(block_size=4, max_prompt_tokens=10,
+                                  max_output_tokens=3))[0].requests[0]
+    assert short.body["prompt"] == long.body["prompt"][:10]
+    assert short.body["max_tokens"] == 1             # output_length 0 -> at least 1
+    r2 = rec(0, [1], 4, out=50)
+    assert plan([r2], PlanOptions(block_size=4, max_output_tokens=3))[0].requests[0].body["max_tokens"] == 3
+
+
+def test_sessions_gaps_and_metadata():
+    recs = [rec(0, [1], 4, "s1", tool="read_file"), rec(1000, [5], 4, "s2"),
+            rec(5000, [1, 2], 8, "s1"), rec(400_000, [1, 2, 3], 12, "s1")]
+    plans = plan(recs, PlanOptions(block_size=4, time_compression=10, max_gap_s=3.0))
+    assert [p.session for p in plans] == ["s1", "s2"]
+    s1 = plans[0]
+    assert [r.index for r in s1.requests] == [0, 2, 3]
+    assert s1.requests[1].delay_s == 0.5             # 5 s / 10
+    assert s1.requests[2].delay_s == 3.0             # capped
+    assert plans[1].start_s == 0.1
+    first = s1.requests[0]
+    assert first.headers == {"x-session-id": "s1"}
+    assert first.body["vllm_xargs"] == {"anchorage.tool_name": "read_file",
+                                        "anchorage.tool_args": json.dumps({"path": "x.py"})}
+    assert first.body["stream"] is True and first.body["stream_options"] == {"include_usage": True}
+    assert "vllm_xargs" not in s1.requests[1].body
+    hinted = plan(recs, PlanOptions(block_size=4, agent_hints=True))[0].requests[1]
+    assert hinted.body["vllm_xargs"] == {"anchorage.agent": "a"}
+    t = plan([rec(0, [1], 4, tenant="acme")], PlanOptions(block_size=4))[0].requests[0]
+    assert t.headers["authorization"] == "Bearer acme"
+
+
+def res(i, ok=True, prompt=100, cached=50, ttft=0.1):
+    return Result(i, "s", "a", ok, 200 if ok else 500, None if ok else "boom", i * 0.1,
+                  ttft if ok else None, 0.2, prompt if ok else 0, cached if ok else 0, 1)
+
+
+def test_summary_counts_every_request_and_weights_hits_by_tokens():
+    rs = [res(0, prompt=100, cached=0, ttft=0.1), res(1, prompt=300, cached=300, ttft=0.3),
+          res(2, ok=False)]
+    s = summarize(rs, wall_s=2.0, engines={"hits": 30.0, "queries": 40.0, "prompt_tokens": 0})
+    assert (s["requests"], s["ok"], s["failed"]) == (3, 2, 1)
+    assert s["hit_rate_usage"] == 0.75 and s["hit_rate_engines"] == 0.75
+    assert s["recomputed_prefill_tokens"] == 100
+    assert s["ttft_p50_s"] == 0.1 and s["ttft_p90_s"] == 0.3
+    assert s["turns_per_s"] == 1.0 and s["errors"] == ["#2 boom"]
+    assert percentile([], 0.5) is None
+    text = table({"stock": s, "anchorage": s})
+    assert "hit rate (usage)" in text and "0.750" in text
+    md = markdown({"stock": s}, plots=["/x/summary.png"])
+    assert "| hit rate (vLLM counters) | 0.750 |" in md and "![summary](summary.png)" in md
+
+
+def test_report_files(tmp_path):
+    from anchorage.drive.report import write
+
+    rs = [res(0), res(1)]
+    s = summarize(rs, 1.0)
+    paths = write(tmp_path, {"a": s, "b": s}, {"a": rs, "b": rs}, "t")
+    assert Path(paths["markdown"]).read_text().startswith("# t")
+    assert (tmp_path / "summary.png").stat().st_size > 1000
+    assert (tmp_path / "hit_rate_over_time.png").exists()
+    assert len((tmp_path / "results-a.jsonl").read_text().splitlines()) == 2
+
+
+def test_port_layout_and_engine_commands(tmp_path):
+    from anchorage.stack.engines import EngineSpec, engine_command, sidecar_command
+    from anchorage.stack.ports import layout
+    from anchorage.stack.prometheus import config_text
+
+    p = layout(2, 20000)
+    assert (p.router, p.prometheus, p.engines, p.sidecars) == (20000, 20001, (20010, 20011),
+                                                              (20040, 20041))
+    free = layout(3)
+    assert len({x for _, x in free.all()}) == 8
+    spec = EngineSpec(0, 20010, 20040, "/m", tmp_path, policy="hybrid", kv_blocks=100)
+    argv, env = engine_command(spec, {"ANCHORAGE_OTHER": "x", "PATH": "/bin"})
+    assert argv[1:3] == ["-m", "anchorage.stack.vllm_server"]
+    assert argv[argv.index("--host") + 1] == "127.0.0.1"
+    assert argv[argv.index("--max-model-len") + 1] == str(50 * 32)
+    kv = json.loads(argv[argv.index("--kv-events-config") + 1])
+    assert kv["endpoint"].startswith("ipc://")
+    assert env["ANCHORAGE_POLICY"] == "hybrid" and "ANCHORAGE_OTHER" not in env
+    sargv, senv = sidecar_command(spec, {})
+    assert sargv[sargv.index("--listen") + 1] == "127.0.0.1:20040"
+    cfg = json.loads(config_text({"vllm": ["127.0.0.1:1"], "empty": []}))
+    assert [j["job_name"] for j in cfg["scrape_configs"]] == ["vllm"]
+
+
+def test_supervisor_stops_descendants_that_left_the_group(tmp_path):
+    from anchorage.stack.supervisor import Supervisor, alive, descendants
+
+    sup = Supervisor(tmp_path)
+    # a child that ignores SIGTERM and a grandchild in its own session (like a daemon)
+    script = ("import os, signal, subprocess, sys, time\n"
+              "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], "
+              "start_new_session=True)\n"
+              "print('up', flush=True)\n"
+              "time.sleep(300)\n")
+    c = sup.start("stubborn", [sys.executable, "-c", script])
+    sup.wait_ready(c, lambda: "up" in c.log.read_text(), 30)
+    deadline = time.time() + 10
+    while len(descendants(c.proc.pid)) < 1 and time.time() < deadline:
+        time.sleep(0.1)
+    pids = [c.proc.pid, *descendants(c.proc.pid)]
+    assert len(pids) == 2
+    sup.remember(c)
+    t0 = time.time()
+    killed = sup.stop_all(grace_s=1.0)
+    assert c.proc.pid in killed                       # ignored SIGTERM: escalated
+    assert not any(alive(p) for p in pids)
+    assert time.time() - t0 < 30
