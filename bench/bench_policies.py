@@ -400,11 +400,14 @@ def hot_path_cost(policy: str = "hybrid") -> dict:
     return res
 
 
-def state_with_agents(n_agents: int = 24) -> int:
+def state_with_agents(n_agents: int = 24) -> dict:
+    """Hybrid's state after a 24-agent, 400-session toy replay: the learned model and the
+    total with per-session scalars."""
     ctxs = toy_multiagent("random", 3, agents=n_agents, sessions=400)
     pol = make_policy("hybrid", block_size=16)
     replay(ctxs, max(unique_blocks(ctxs) // 10, 64), 16, pol)
-    return pol.state_size_bytes()
+    return {"model_bytes": pol.model_state_bytes(), "total_bytes": pol.state_size_bytes(),
+            "agents": len(pol.agents), "sessions": len(pol.sessions)}
 
 
 def main(argv=None) -> int:
@@ -457,8 +460,9 @@ def main(argv=None) -> int:
     hp = hot_path_cost()
     st = state_with_agents(24)
     print(f"\nhot path (us per block op): lru {hp['lru']:.3f}, hybrid {hp['hybrid']:.3f} "
-          f"(overhead {hp['policy_overhead_us_per_op']:.3f}); hybrid state with 24 agents: "
-          f"{st} bytes")
+          f"(overhead {hp['policy_overhead_us_per_op']:.3f}); hybrid state with "
+          f"{st['agents']} agents: model {st['model_bytes']} B, with {st['sessions']} "
+          f"sessions' scalars {st['total_bytes']} B")
     for n in notes:
         print(n)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)

@@ -679,12 +679,16 @@ class GroupEvictionPolicy(EvictionPolicy):
         for a in self.agents.values():
             a.group = None
 
-    def state_size_bytes(self) -> int:
-        """Learned state: agent stats, transitions, gap histograms, per-session scalars
-        (the per-key prefix table and per-block group map are side tables)."""
+    def model_state_bytes(self) -> int:
+        """Learned model: agent stats, transitions, stay probabilities, gap histograms."""
         return (self.trans.state_size_bytes() + self.stay.state_size_bytes()
-                + self.gaps.size_bytes()
-                + 40 * len(self.agents) + 64 * len(self.sessions))
+                + self.gaps.size_bytes() + 40 * len(self.agents))
+
+    def state_size_bytes(self) -> int:
+        """Model plus per-session scalars (64 B per tracked session, at most
+        ``max_sessions``); the per-key prefix table and per-block group map are side
+        tables and not counted."""
+        return self.model_state_bytes() + 64 * len(self.sessions)
 
     @property
     def turnover_s(self) -> float:

@@ -187,5 +187,5 @@ def test_state_is_small_with_24_agents():
         pol = make_policy(name, block_size=16)
         replay(ctxs, max(unique_blocks(ctxs) // 10, 64), 16, pol)
         assert len(pol.agents) >= 24
-        assert pol.state_size_bytes() <= 25 * 1024 + 64 * len(pol.sessions), name
-        assert pol.trans.state_size_bytes() + pol.gaps.size_bytes() <= 25 * 1024
+        assert pol.model_state_bytes() <= 25 * 1024, name
+        assert pol.state_size_bytes() == pol.model_state_bytes() + 64 * len(pol.sessions)
