@@ -63,7 +63,7 @@ Re-scoring (CacheWise section 5.3): all groups with free blocks are re-scored (`
 now``) when a request arrives and the policy clock advanced by a quarter of the cache
 turnover time (time to evict ``capacity`` blocks, measured online as an EWMA) or by the
 median session gap if shorter (absolute scores of waiting sessions go stale on that
-scale), provided at least G/8 victims were taken since (G = groups with free blocks);
+scale), provided at least G victims were taken since (G = groups with free blocks);
 and after 4 G victims (at least 1,024). Amortised O(log G) per victim.
 
 Learning never reads ``agent_truth`` or ``tool_duration_ms``; warm-up requests
@@ -228,7 +228,7 @@ class GroupEvictionPolicy(EvictionPolicy):
             self._learn(ctx, sess, agent, now)
         self._cur = (sess, agent, anchor_len)
         if (self._now - self._epoch > self._rescore_interval()
-                and 8 * self._pops_since >= len(self._nonempty)):
+                and self._pops_since >= len(self._nonempty)):
             self._rescore()
 
     def _learn(self, ctx: RequestContext, sess: Session, agent: Agent | None,
