@@ -120,7 +120,8 @@ def run(args) -> int:
                     cap = (args.kv_blocks // 2) * args.block_size - opts.max_output_tokens
                     opts = replace(opts, max_prompt_tokens=min(opts.max_prompt_tokens, cap))
                 summaries[name], runs[name] = drive(ep.router, wl, opts, ep.engines,
-                                                    args.concurrency, name, args.timeout)
+                                                    args.concurrency, name, args.timeout,
+                                                    node_agent_urls=ep.sidecars)
                 problem = stack.check()
                 if problem:
                     raise CLIError(problem)

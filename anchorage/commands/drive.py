@@ -97,11 +97,12 @@ def run(args) -> int:
     from anchorage.drive.run import drive
 
     router, engines = args.router_url, [u for u in args.engine_urls.split(",") if u.strip()]
+    sidecars: list[str] = []
     vocab = 1024
     if args.stack:
         try:
             ep = json.loads(Path(args.stack).read_text())
-            router, engines = ep["router"], ep["engines"]
+            router, engines, sidecars = ep["router"], ep["engines"], ep.get("sidecars") or []
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise CLIError(f"--stack {args.stack}: not an endpoints file ({exc})") from None
         from anchorage.stack.tiny_model import vocab_size
@@ -116,7 +117,8 @@ def run(args) -> int:
         raise CLIError("the workload has no requests")
     print(f"workload: {wl.description}", flush=True)
     summary, results = drive(router, wl, plan_options(args, wl, vocab, args.model), engines,
-                             args.concurrency, args.name, args.timeout)
+                             args.concurrency, args.name, args.timeout,
+                             node_agent_urls=sidecars)
     print()
     print(report.table({args.name: summary}))
     if args.out:

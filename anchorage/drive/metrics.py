@@ -41,4 +41,42 @@ def scrape(urls: list[str], timeout: float = 10.0) -> dict[str, float] | None:
 def delta(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float] | None:
     if before is None or after is None:
         return None
-    return {k: after[k] - before[k] for k in after}
+    return {k: after[k] - before.get(k, 0.0) for k in after}
+
+
+NODE_AGENT = {"anchorage_policy_errors_total": "policy_errors",
+              "anchorage_warmups_total": "warmups", "anchorage_evictions_total": "evictions"}
+
+
+def parse_node_agent(text: str) -> dict[str, float]:
+    """Node-agent counters summed over labels; warm-ups split by ``outcome``."""
+    out: dict[str, float] = {"policy_errors": 0.0, "evictions": 0.0}
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        key = NODE_AGENT.get(name)
+        if not key:
+            continue
+        try:
+            value = float(line.rsplit(" ", 1)[1])
+        except ValueError:
+            continue
+        if key == "warmups":
+            outcome = line.split('outcome="', 1)[1].split('"', 1)[0] if 'outcome="' in line else "?"
+            key = f"warmups_{outcome}"
+        out[key] = out.get(key, 0.0) + value
+    return out
+
+
+def scrape_node_agents(urls: list[str], timeout: float = 10.0) -> dict[str, float] | None:
+    total: dict[str, float] = {}
+    for u in urls:
+        try:
+            with urllib.request.urlopen(u.rstrip("/") + "/metrics", timeout=timeout) as r:  # noqa: S310
+                got = parse_node_agent(r.read().decode(errors="replace"))
+        except OSError:
+            return None
+        for k, v in got.items():
+            total[k] = total.get(k, 0.0) + v
+    return total

@@ -23,7 +23,20 @@ FIELDS = [  # (key, label, format)
     ("recomputed_prefill_tokens", "recomputed prefill tokens", "{:,d}"),
     ("ttft_p50_s", "TTFT p50 (ms)", "ms"), ("ttft_p90_s", "TTFT p90 (ms)", "ms"),
     ("turns_per_s", "turns/s", "{:.2f}"), ("wall_s", "wall (s)", "{:.1f}"),
+    ("node_agents.policy_errors", "policy errors (node agents)", "{:,.0f}"),
+    ("node_agents.warmups_issued", "warm-ups issued", "{:,.0f}"),
+    ("node_agents.warmups_used", "warm-ups used", "{:,.0f}"),
 ]
+
+
+def _get(summary: dict[str, Any], key: str) -> Any:
+    """``a.b`` reads a nested field; missing -> None."""
+    cur: Any = summary
+    for part in key.split("."):
+        if not isinstance(cur, dict):
+            return None
+        cur = cur.get(part)
+    return cur
 
 
 def percentile(xs: list[float], q: float) -> float | None:
@@ -64,8 +77,9 @@ def _fmt(value: Any, fmt: str) -> str:
 
 def table(summaries: dict[str, dict[str, Any]]) -> str:
     names = list(summaries)
-    rows = [["", *names]] + [[label, *(_fmt(summaries[n].get(k), f) for n in names)]
-                             for k, label, f in FIELDS]
+    rows = [["", *names]] + [[label, *(_fmt(_get(summaries[n], k), f) for n in names)]
+                             for k, label, f in FIELDS
+                             if any(_get(summaries[n], k) is not None for n in names)]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(widths[0]) if i == 0 else c.rjust(widths[i])
                        for i, c in enumerate(r)) for r in rows]
@@ -78,7 +92,9 @@ def markdown(summaries: dict[str, dict[str, Any]], title: str = "Anchorage drive
     out = [f"# {title}", "", "| | " + " | ".join(names) + " |",
            "|---|" + "---:|" * len(names)]
     for k, label, f in FIELDS:
-        out.append(f"| {label} | " + " | ".join(_fmt(summaries[n].get(k), f) for n in names) + " |")
+        if any(_get(summaries[n], k) is not None for n in names):
+            out.append(f"| {label} | " + " | ".join(_fmt(_get(summaries[n], k), f)
+                                                    for n in names) + " |")
     for n in names:
         if summaries[n]["errors"]:
             out += ["", f"First errors ({n}):", ""] + [f"- `{e}`" for e in summaries[n]["errors"]]

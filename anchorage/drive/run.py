@@ -52,7 +52,8 @@ class Progress:
 
 def drive(router_url: str, workload: Workload, opts: PlanOptions, engine_urls: list[str],
           concurrency: int, label: str = "drive", timeout_s: float = 300.0,
-          say: Callable[[str], None] = print) -> tuple[dict[str, Any], list[Result]]:
+          say: Callable[[str], None] = print, node_agent_urls: list[str] | None = None
+          ) -> tuple[dict[str, Any], list[Result]]:
     import logging
     logging.getLogger("httpx").setLevel(logging.WARNING)   # one line per request otherwise
     sessions = plan(workload.records, opts)
@@ -60,8 +61,13 @@ def drive(router_url: str, workload: Workload, opts: PlanOptions, engine_urls: l
     say(f"  {label}: {n} requests in {len(sessions)} sessions, concurrency {concurrency}, "
         f"time compression {opts.time_compression:g}x")
     before = metrics.scrape(engine_urls) if engine_urls else None
+    before_na = metrics.scrape_node_agents(node_agent_urls) if node_agent_urls else None
     prog = Progress(n, label)
     results, wall = asyncio.run(replay(router_url, sessions, concurrency, timeout_s, prog))
     time.sleep(0.5)  # let the engines' last counter updates land
     after = metrics.scrape(engine_urls) if engine_urls else None
-    return summarize(results, wall, metrics.delta(before, after)), results
+    summary = summarize(results, wall, metrics.delta(before, after))
+    if node_agent_urls:
+        time.sleep(1.0)   # the sidecars mirror the plugin's snapshot every tick
+        summary["node_agents"] = metrics.delta(before_na, metrics.scrape_node_agents(node_agent_urls))
+    return summary, results

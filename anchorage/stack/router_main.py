@@ -29,8 +29,6 @@ def main(path: str) -> int:
     def on_signal(signum, frame):  # noqa: ARG001
         stop["now"] = True
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     ray.init(num_cpus=spec.get("num_cpus", 2), include_dashboard=False,
              _node_ip_address="127.0.0.1", namespace="anchorage", logging_level="WARNING",
              log_to_driver=False, _temp_dir=spec.get("ray_temp_dir"))
@@ -38,6 +36,10 @@ def main(path: str) -> int:
         cfg = RouterConfig(**spec["router"]).validate()
         serve.start(http_options={"host": "127.0.0.1", "port": spec["port"]})
         serve.run(build_app(cfg), name="anchorage-router", route_prefix="/")
+        # after ray.init and Serve: Ray installs its own SIGTERM handler, which would end
+        # this process without shutting Serve and Ray down
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
         print("anchorage router ready", flush=True)
         while not stop["now"]:
             time.sleep(0.2)

@@ -150,3 +150,18 @@ def test_supervisor_stops_descendants_that_left_the_group(tmp_path):
     assert c.proc.pid in killed                       # ignored SIGTERM: escalated
     assert not any(alive(p) for p in pids)
     assert time.time() - t0 < 30
+
+
+def test_metrics_parsers():
+    from anchorage.drive.metrics import delta, parse, parse_node_agent
+
+    v = parse('# HELP x\nvllm:prefix_cache_hits_total{engine="0",model_name="tiny"} 64.0\n'
+              'vllm:prefix_cache_queries_total{engine="0",model_name="tiny"} 100.0\n'
+              'vllm:prefix_cache_hits_created{engine="0"} 1.7e9\n')
+    assert v["hits"] == 64.0 and v["queries"] == 100.0
+    na = parse_node_agent('anchorage_policy_errors_total{model_name="tiny",policy="hybrid"} 5.0\n'
+                          'anchorage_warmups_total{model_name="tiny",outcome="issued"} 2.0\n'
+                          'anchorage_warmups_total{model_name="tiny",outcome="used"} 1.0\n')
+    assert na["policy_errors"] == 5.0 and na["warmups_issued"] == 2.0 and na["warmups_used"] == 1.0
+    assert delta({"hits": 1.0}, {"hits": 3.0, "queries": 2.0}) == {"hits": 2.0, "queries": 2.0}
+    assert delta(None, {"hits": 1.0}) is None
