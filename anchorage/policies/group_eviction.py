@@ -33,7 +33,9 @@ Scores (``T`` = expected time to next use from now, in policy-clock seconds):
   otherwise (no pending tool, or tools off), by ``global_gaps``: ``"wait"`` the same
   from the histogram of all gaps, ``"survival"`` recency with ``mult = 1 / P(return |
   e)``, ``"off"`` plain recency, ``"auto"`` (default) ``"wait"`` when at least 10 % of
-  learned gaps followed a tool call, else ``"survival"`` (measured: ``"wait"`` wins by
+  learned gaps followed a tool call or the cache turns over faster than
+  ``turnover_gap_ratio`` (2) median session gaps (a small cache cannot keep sessions
+  across a gap, so predicted times matter more than recency), else ``"survival"`` (measured: ``"wait"`` wins by
   2-11 points on the generated tool workloads, ``"survival"`` by up to 3.5 on ChatDev, 1
   on Mooncake (no tool metadata) and on WEKA, where only sub-agent launches are tools). A histogram whose gaps all fall in
   one bin (no timing) is no signal. (``no_tool_context=True`` gives "no pending tool" its
@@ -153,12 +155,14 @@ class GroupEvictionPolicy(EvictionPolicy):
                  dead_max_reuse: float = 0.02, end_factor: float = 2.0,
                  eps: float = 0.1, max_sessions: int = 4096, max_agents: int = 64,
                  max_tools: int = 64, max_prefix_keys: int = 1 << 18,
-                 global_gaps: str = "auto", no_tool_context: bool = False):
+                 global_gaps: str = "auto", no_tool_context: bool = False,
+                 turnover_gap_ratio: float = 2.0):
         self.block_size = block_size
         if global_gaps not in ("auto", "wait", "survival", "off"):
             raise ValueError(
                 f"global_gaps must be auto, wait, survival or off, got {global_gaps!r}")
         self.global_gaps = global_gaps
+        self.turnover_gap_ratio = turnover_gap_ratio
         self.sig = signals or Signals()
         self.cluster_fn = cluster_fn
         self.dead_min_samples = dead_min_samples
@@ -556,7 +560,12 @@ class GroupEvictionPolicy(EvictionPolicy):
     def _gap_mode(self) -> str:
         mode = self.global_gaps
         if mode == "auto":
-            return "wait" if self.gaps.tool_fraction >= 0.1 else "survival"
+            if self.gaps.tool_fraction >= 0.1:
+                return "wait"
+            med = self._gap_median
+            if med is not None and self._turnover_s < self.turnover_gap_ratio * med:
+                return "wait"  # a small cache: sessions cannot stay across a gap anyway
+            return "survival"
         return mode
 
     def _return_probability(self, sess: Session, now: float) -> float:
