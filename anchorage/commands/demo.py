@@ -69,6 +69,8 @@ def reexec_isolated(argv: list[str]) -> int:
     cmd = ["unshare", "-n", "--", "sh", "-c",
            'ip link set lo up && exec "$0" -m anchorage.cli "$@"', sys.executable, *argv]
     proc = subprocess.Popen(cmd, env=env)
+    import signal
+    signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))
     while True:
         try:
             return proc.wait()

@@ -66,8 +66,10 @@ def engine_command(spec: EngineSpec, base_env: dict[str, str]) -> tuple[list[str
     if spec.dummy:
         argv += ["--load-format", "dummy", "--skip-tokenizer-init"]
     if spec.cpu:
-        argv += ["--enforce-eager", "--kv-cache-memory-bytes", str(spec.kv_cache_bytes)]
-    if spec.kv_blocks:
+        argv.append("--enforce-eager")
+    if spec.kv_blocks:   # a fixed, small pool (the tiny model): eviction decides hit rates
+        if spec.cpu:     # otherwise start-up fails vLLM's CPU memory check
+            argv += ["--kv-cache-memory-bytes", str(spec.kv_cache_bytes)]
         argv += ["--num-gpu-blocks-override", str(spec.kv_blocks),
                  "--max-model-len", str(spec.model_len())]
     elif spec.max_model_len:
