@@ -123,7 +123,8 @@ def run(args) -> int:
                     opts = replace(opts, max_prompt_tokens=min(opts.max_prompt_tokens, cap))
                 summaries[name], runs[name] = drive(ep.router, wl, opts, ep.engines,
                                                     args.concurrency, name, args.timeout,
-                                                    node_agent_urls=ep.sidecars)
+                                                    node_agent_urls=ep.sidecars,
+                                                    max_sessions=args.max_sessions)
                 problem = stack.check()
                 if problem:
                     raise CLIError(problem)
@@ -137,7 +138,7 @@ def run(args) -> int:
             print(f"  {name} stack stopped", flush=True)
     print("\n" + report.table(summaries) + "\n", flush=True)
     notes = [f"Workload: {wl.description}; concurrency {args.concurrency}, time compression "
-             f"{args.time_compression:g}x, {args.engines} engines x {args.kv_blocks} KV blocks of "
+             f"{args.time_compression:g}x, at most {args.max_sessions} sessions at once, {args.engines} engines x {args.kv_blocks} KV blocks of "
              f"{args.block_size} tokens.",
              "Configurations: " + "; ".join(f"**{n}** = engine policy `{p}`, routing `{r}`"
                                              for n, (p, r) in configs.items()) + "."]
@@ -145,7 +146,7 @@ def run(args) -> int:
                                                      for n, (p, r) in configs.items()},
              "timings": timings, "engines": args.engines, "kv_blocks": args.kv_blocks,
              "block_size": args.block_size, "concurrency": args.concurrency,
-             "time_compression": args.time_compression, "wall_s": time.monotonic() - t_all}
+             "time_compression": args.time_compression, "max_sessions": args.max_sessions, "wall_s": time.monotonic() - t_all}
     paths = report.write(Path(args.out), summaries, runs, "Anchorage demo: stock vs Anchorage",
                          notes, extra)
     if args.json:

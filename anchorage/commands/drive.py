@@ -30,6 +30,9 @@ def add_workload_args(p) -> None:
                    help="median anchor (system prompt + tools) length")
     p.add_argument("--seed", type=int, default=DEMO["seed"])
     p.add_argument("--concurrency", type=int, default=6, help="requests in flight at most")
+    p.add_argument("--max-sessions", type=int, default=8,
+                   help="sessions (agent runs) in flight at most; the next starts when one "
+                        "ends (0: every session at its trace time; default 8)")
     p.add_argument("--time-compression", type=float, default=50.0,
                    help="divide the trace's gaps (tool and think time) by this (default 50)")
     p.add_argument("--max-gap", type=float, default=2.0, metavar="SECONDS",
@@ -118,7 +121,7 @@ def run(args) -> int:
     print(f"workload: {wl.description}", flush=True)
     summary, results = drive(router, wl, plan_options(args, wl, vocab, args.model), engines,
                              args.concurrency, args.name, args.timeout,
-                             node_agent_urls=sidecars)
+                             node_agent_urls=sidecars, max_sessions=args.max_sessions)
     print()
     print(report.table({args.name: summary}))
     if args.out:

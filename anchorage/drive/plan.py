@@ -18,6 +18,10 @@ Specification
   ``anchorage.agent`` only with ``agent_hints`` (the trace's agent label; off by default:
   Anchorage then recognises agents by their prompt's fingerprint). A trace ``tenant``
   becomes the API key ``Bearer <tenant>``.
+* **Session slots** (the replayer's ``max_sessions``, default 8 in the CLI): at most that
+  many sessions (agent runs) are in flight; a session starts at ``max(its start time, when
+  a slot frees)``, in trace order. Compressing the trace's clock otherwise makes every
+  session overlap, which no real fleet of agent runs does.
 * **Output.** ``max_tokens = clamp(output_length, 1, max_output_tokens)``.
 """
 

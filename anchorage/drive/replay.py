@@ -73,9 +73,11 @@ async def _one(client, url: str, req: PlannedRequest, t0: float, timeout_s: floa
 
 
 async def replay(base_url: str, sessions: list[SessionPlan], concurrency: int = 8,
-                 timeout_s: float = 300.0, on_result: Callable[[Result], None] | None = None
-                 ) -> tuple[list[Result], float]:
-    """Returns (results in completion order, wall seconds)."""
+                 timeout_s: float = 300.0, on_result: Callable[[Result], None] | None = None,
+                 max_sessions: int = 0) -> tuple[list[Result], float]:
+    """Returns (results in completion order, wall seconds). ``max_sessions`` > 0: a closed
+    system of that many session slots; sessions start in plan order, each at
+    ``max(its start time, when a slot frees)`` (agent runs in flight, not arrivals)."""
     import httpx
 
     url = base_url.rstrip("/") + "/v1/completions"
@@ -85,8 +87,25 @@ async def replay(base_url: str, sessions: list[SessionPlan], concurrency: int = 
     async with httpx.AsyncClient(limits=limits, timeout=timeout_s) as client:
         t0 = time.monotonic()
 
+        slots = asyncio.Semaphore(max_sessions) if max_sessions > 0 else None
+        order = {id(sp): i for i, sp in enumerate(sessions)}
+        turn = {"next": 0}
+        cond = asyncio.Condition()
+
         async def session(sp: SessionPlan) -> None:
             await asyncio.sleep(max(0.0, sp.start_s - (time.monotonic() - t0)))
+            if slots is None:
+                await run_session(sp)
+                return
+            async with cond:   # take slots in plan order
+                await cond.wait_for(lambda: turn["next"] == order[id(sp)])
+            async with slots:
+                async with cond:
+                    turn["next"] += 1
+                    cond.notify_all()
+                await run_session(sp)
+
+        async def run_session(sp: SessionPlan) -> None:
             for i, req in enumerate(sp.requests):
                 if i:
                     await asyncio.sleep(req.delay_s)

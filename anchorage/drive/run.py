@@ -52,18 +52,20 @@ class Progress:
 
 def drive(router_url: str, workload: Workload, opts: PlanOptions, engine_urls: list[str],
           concurrency: int, label: str = "drive", timeout_s: float = 300.0,
-          say: Callable[[str], None] = print, node_agent_urls: list[str] | None = None
-          ) -> tuple[dict[str, Any], list[Result]]:
+          say: Callable[[str], None] = print, node_agent_urls: list[str] | None = None,
+          max_sessions: int = 0) -> tuple[dict[str, Any], list[Result]]:
     import logging
     logging.getLogger("httpx").setLevel(logging.WARNING)   # one line per request otherwise
     sessions = plan(workload.records, opts)
     n = count(sessions)
     say(f"  {label}: {n} requests in {len(sessions)} sessions, concurrency {concurrency}, "
-        f"time compression {opts.time_compression:g}x")
+        f"{max_sessions or 'unlimited'} sessions at once, time compression "
+        f"{opts.time_compression:g}x")
     before = metrics.scrape(engine_urls) if engine_urls else None
     before_na = metrics.scrape_node_agents(node_agent_urls) if node_agent_urls else None
     prog = Progress(n, label)
-    results, wall = asyncio.run(replay(router_url, sessions, concurrency, timeout_s, prog))
+    results, wall = asyncio.run(replay(router_url, sessions, concurrency, timeout_s, prog,
+                                          max_sessions))
     time.sleep(0.5)  # let the engines' last counter updates land
     after = metrics.scrape(engine_urls) if engine_urls else None
     summary = summarize(results, wall, metrics.delta(before, after))

@@ -48,7 +48,7 @@ def one(name: str, policy: str, router: str, work: Path, wl, sessions_opts) -> d
         tree = descendants(up.pid)
         out["processes"] = len(tree)
         summary, _ = drive(ep["router"], wl, PlanOptions(**sessions_opts), ep["engines"],
-                           concurrency=6, label=name)
+                           concurrency=6, label=name, max_sessions=8)
         out["summary"] = summary
         if ep.get("prometheus"):
             time.sleep(3)  # one scrape interval
