@@ -1,9 +1,9 @@
 """Child processes of one stack: each started in its own process group, logged to a file,
 health-checked over HTTP, and stopped with everything it spawned.
 
-``stop_all`` sends SIGTERM to every process group (and every descendant seen, for
-children that left the group, e.g. Ray's workers), waits ``grace_s``, then SIGKILLs what
-is left. Processes are stopped in reverse start order (router first, engines last)."""
+``stop_all`` sends SIGTERM to each child (reverse start order: Prometheus and the router
+first, engines last) and waits, then SIGTERM to their process groups and every descendant
+seen (children that left the group, e.g. Ray's), then SIGKILL to what is left."""
 
 from __future__ import annotations
 
@@ -128,15 +128,21 @@ class Supervisor:
     def failed(self) -> list[Child]:
         return [c for c in self.children if c.proc.poll() is not None]
 
-    def stop_all(self, grace_s: float = 20.0) -> list[int]:
-        """Stop every child and its descendants; returns pids that had to be SIGKILLed."""
+    def stop_all(self, grace_s: float = 30.0, straggler_s: float = 5.0) -> list[int]:
+        """Stop every child and its descendants; returns the pids that needed SIGKILL.
+
+        1. SIGTERM to each child alone (reverse start order), so it shuts its own children
+           down in order (vLLM its engine core, the router Serve and then Ray); wait up to
+           ``grace_s`` for them to exit.
+        2. SIGTERM to each child's process group and every recorded descendant still
+           alive; wait up to ``straggler_s``.
+        3. SIGKILL whatever is left."""
         for c in self.children:
             self.remember(c)
         for c in reversed(self.children):
-            _signal_group(c.proc.pid, signal.SIGTERM)
-            for pid in c.known:
+            if c.proc.poll() is None:
                 try:
-                    os.kill(pid, signal.SIGTERM)
+                    c.proc.send_signal(signal.SIGTERM)
                 except OSError:
                     pass
         deadline = time.monotonic() + grace_s
@@ -145,29 +151,34 @@ class Supervisor:
                 c.proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
-        killed: list[int] = []
+        every = {pid for c in self.children for pid in ({c.proc.pid} | c.known)}
         for c in self.children:
-            pids = {c.proc.pid} | c.known
-            for pid in pids:
-                if alive(pid):
-                    killed.append(pid)
+            _signal_group(c.proc.pid, signal.SIGTERM)
+        for pid in every:
+            if alive(pid):
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except OSError:
+                    pass
+        deadline = time.monotonic() + straggler_s
+        while any(alive(p) for p in every) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        killed = sorted(p for p in every if alive(p))
+        for c in self.children:
             _signal_group(c.proc.pid, signal.SIGKILL)
-            for pid in pids:
-                if alive(pid):
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except OSError:
-                        pass
+        for pid in killed:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        for c in self.children:
             try:
                 c.proc.wait(5)
             except subprocess.TimeoutExpired:
                 pass
-        # let SIGTERMed stragglers outside the groups finish
-        for c in self.children:
-            for pid in c.known:
-                t_end = time.monotonic() + 5
-                while alive(pid) and time.monotonic() < t_end:
-                    time.sleep(0.05)
+        deadline = time.monotonic() + 5
+        while any(alive(p) for p in killed) and time.monotonic() < deadline:
+            time.sleep(0.05)
         self.children.clear()
         return killed
 
