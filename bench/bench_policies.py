@@ -18,6 +18,18 @@ Workloads (all replayed sequentially through the vLLM-faithful pool):
 Capacities: 1, 2, 5, 10, 20 % of the workload's unique blocks and the capacity where LRU
 gets half the infinite-cache hit rate (bisection). Prints one table; writes
 ``bench/results/policies.json``. Targets (issue 3) are checked and printed per row.
+
+The committed results were produced in parallel parts and merged (2-core machine)::
+
+    bench/bench_policies.py --workloads chatdev-0,mooncake --out bench/results/policies_real2.json
+    BENCH_WEKA_SESSIONS=12 bench/bench_policies.py --workloads weka-0 \
+        --out bench/results/policies_weka.json
+    BENCH_GEN_SESSIONS=40 bench/bench_policies.py --workloads gen-pipeline-1 \
+        --out bench/results/policies_gen_final_check.json
+    BENCH_GEN_SESSIONS=40 bench/bench_policies.py --workloads gen-debate-1,gen-selector-1,\
+gen-hierarchical-1,gen-handoff-1,gen-random-1,gen-pipeline-2,gen-random-2,gen-selector-2 \
+        --out bench/results/policies_gen_final.json
+    bench/bench_policies.py --merge bench/results/policies_{real2,weka,gen_final_check,gen_final}.json
 """
 
 from __future__ import annotations
