@@ -87,6 +87,7 @@ from anchorage.policies.gap_predictor import GapPredictor
 from anchorage.policies.transitions import END, TransitionLearner
 
 INF = math.inf
+MAX_LIVE_REQUESTS = 8192  # requests in flight whose context is kept (bounded)
 ANCHOR, THREAD, OUTPUT = 0, 1, 2
 
 
@@ -120,7 +121,7 @@ class Group:
 
 class Session:
     __slots__ = ("sid", "last_s", "last_seq", "tool", "cluster", "agent", "n", "ended",
-                 "groups", "state")
+                 "groups", "state", "inflight")
 
     def __init__(self, sid: Hashable):
         self.sid = sid
@@ -133,6 +134,7 @@ class Session:
         self.n = 0
         self.ended = False
         self.groups: dict[Hashable, Group] = {}
+        self.inflight = 0  # requests of this session admitted and not yet done
 
 
 class Agent:
@@ -195,7 +197,10 @@ class GroupEvictionPolicy(EvictionPolicy):
         self._turnover_s = INF
         self._turn_t0: float | None = None
         self._turn_n = 0
-        self._cur: tuple | None = None  # (session, agent, anchor_len, learn)
+        # per live request: (session, agent, anchor_len), keyed by request id, so requests
+        # that overlap (vLLM, the timed simulator) never see each other's session
+        self._reqs: OrderedDict[Hashable, tuple] = OrderedDict()
+        self._cur: tuple | None = None  # the last request seen by on_request (observers)
         self._touched: dict[int, Group] = {}
         self._capacity = 1
         self._gap_median: float | None = None
@@ -228,9 +233,20 @@ class GroupEvictionPolicy(EvictionPolicy):
         fp = self.prefix.fingerprint(keys)
         sess = self._session(sid)
         agent = self._agent(fp) if fp is not None else None
+        rid = ctx.request_id
+        if rid is not None and rid in self._reqs:  # a re-scheduled attempt: learnt already
+            learn = False
         if learn:
             self._learn(ctx, sess, agent, now)
         self._cur = (sess, agent, anchor_len)
+        if rid is not None:
+            if rid not in self._reqs:
+                sess.inflight += 1
+            self._reqs[rid] = self._cur
+            self._reqs.move_to_end(rid)
+            while len(self._reqs) > MAX_LIVE_REQUESTS:
+                _, (old_sess, _, _) = self._reqs.popitem(last=False)
+                old_sess.inflight = max(0, old_sess.inflight - 1)
         if (self._now - self._epoch > self._rescore_interval()
                 and self._pops_since >= len(self._nonempty)):
             self._rescore()
@@ -238,7 +254,9 @@ class GroupEvictionPolicy(EvictionPolicy):
     def _learn(self, ctx: RequestContext, sess: Session, agent: Agent | None,
                now: float) -> None:
         sig = self.sig
-        if sess.n:
+        # a gap is the time from the session's last completion to this request; none is
+        # observed while an earlier request of the session still runs (or never finished)
+        if sess.n and sess.inflight == 0 and sess.last_s > -INF:
             gap = max(0.0, now - sess.last_s)
             if sess.ended:
                 self.gaps.retract_end(sess.tool, sess.cluster)
@@ -304,7 +322,8 @@ class GroupEvictionPolicy(EvictionPolicy):
             self._assign(ctx, blocks, start)
             return
         # blocks filled by generated tokens
-        sess = self._cur[0] if self._cur else self._session(("anon", ctx.request_id))
+        cur = self._req(ctx)
+        sess = cur[0] if cur is not None else self._session(("anon", ctx.request_id))
         g = self._group(sess, OUTPUT, None)
         bg = self._bgroup
         for b in blocks:
@@ -316,8 +335,12 @@ class GroupEvictionPolicy(EvictionPolicy):
             self._out_blocks.add(b)
         self._out_n += len(blocks)
 
+    def _req(self, ctx: RequestContext) -> tuple | None:
+        rid = ctx.request_id
+        return self._reqs.get(rid) if rid is not None else None
+
     def _assign(self, ctx: RequestContext, blocks: list[int], start: int) -> None:
-        cur = self._cur
+        cur = self._req(ctx)
         if cur is None:
             return
         sess, agent, anchor_len = cur
@@ -354,10 +377,12 @@ class GroupEvictionPolicy(EvictionPolicy):
         self._seq = seq
 
     def on_request_done(self, ctx: RequestContext) -> None:
-        cur = self._cur
+        rid = ctx.request_id
+        cur = self._reqs.pop(rid, None) if rid is not None else None
         now = self._now
         if cur is not None:
             sess, agent, _ = cur
+            sess.inflight = max(0, sess.inflight - 1)
             if not ctx.warmup:
                 sess.last_s = max(sess.last_s, ctx.now_s)
             touched = self._touched
@@ -366,7 +391,8 @@ class GroupEvictionPolicy(EvictionPolicy):
             if agent is not None and agent.group is not None:
                 touched[id(agent.group)] = agent.group
         self._flush(now)
-        self._cur = None
+        if self._cur is cur:
+            self._cur = None
 
     def _flush(self, now: float) -> None:
         touched = self._touched
