@@ -311,3 +311,17 @@ def run(cfg: RouterConfig, host: str = "127.0.0.1", port: int = 8000, blocking: 
     serve.start(http_options={"host": host, "port": port})
     serve.run(build_app(cfg), name="anchorage-router", route_prefix=route_prefix,
               blocking=blocking)
+
+
+def app_builder(args: dict[str, Any]):
+    """Ray Serve application builder for KubeRay's ``RayService`` (``importPath:
+    anchorage.router.app:app_builder``): ``args`` are ``RouterConfig`` fields, as the Helm
+    chart renders them under ``serveConfigV2``. Unknown fields are a clear error."""
+    from dataclasses import fields
+
+    known = {f.name for f in fields(RouterConfig)}
+    unknown = sorted(set(args or {}) - known)
+    if unknown:
+        raise ValueError(f"unknown router setting(s) {', '.join(unknown)}; "
+                         f"known: {', '.join(sorted(known))}")
+    return build_app(RouterConfig(**(args or {})).validate())

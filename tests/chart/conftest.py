@@ -41,7 +41,7 @@ def all_on_values() -> dict:
                          {"weight": 1, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
                                                            "labelSelector": {"matchLabels": {"a": "b"}}}}]}},
                      "podAnnotations": {"a": "b"}},
-        "router": {"policy": "prefix", "policyParams": {"balance_abs": 8}, "retries": 1,
+        "router": {"policy": "prefix", "policyParams": {"balance_abs_threshold": 8}, "retries": 1,
                    "maxBodyBytes": 1_048_576, "podDisruptionBudget": {"enabled": True},
                    "service": {"type": "LoadBalancer", "annotations": {"lb": "internal"}},
                    "kuberay": {"enabled": True, "workerGroups": [{"name": "workers", "replicas": 2,

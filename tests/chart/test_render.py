@@ -98,12 +98,18 @@ def test_all_on_renders_every_feature(all_on_objects):
     serve = yaml.safe_load(rs["spec"]["serveConfigV2"])
     app = serve["applications"][0]
     assert app["import_path"] == "anchorage.router.app:app_builder"
-    assert app["args"] == {"policy": "prefix", "policy_params": {"balance_abs": 8}, "block_size": 16,
+    assert app["args"] == {"policy": "prefix", "policy_params": {"balance_abs_threshold": 8}, "block_size": 16,
                            "max_body_bytes": 1048576, "max_inflight_per_replica": 64, "retries": 1,
                            "discovery": "kubernetes", "k8s_namespace": NAMESPACE,
                            "k8s_selector": f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=model",
                            "k8s_port": 8000, "k8s_kind": "EndpointSlice"}
     assert [g["groupName"] for g in rs["spec"]["rayClusterConfig"]["workerGroupSpecs"]] == ["workers"]
+    # KubeRay imports this builder with exactly these args: it must accept them.
+    from anchorage.router.app import app_builder
+
+    assert type(app_builder(app["args"])).__name__ == "Application"
+    with pytest.raises(ValueError, match="unknown router setting"):
+        app_builder({**app["args"], "bogus": 1})
     # Labels and the dashboards' namespace.
     assert all(d["metadata"]["labels"]["team"] == "llm" for d in all_on_objects
                if d["kind"] not in ("ClusterKopfPeering",))
