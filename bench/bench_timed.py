@@ -138,7 +138,7 @@ def main() -> int:
         "wall_s": time.perf_counter() - t0,
         "saturation_slots": summary["saturation_scale"],
         "policies": summary["policies"],
-        "runs": [{k: v for k, v in r.items() if k != "per_replica"} for r in runs],
+        "runs": runs,  # with per_replica: load imbalance explains TTFT tails
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(clean(out), indent=1) + "\n")

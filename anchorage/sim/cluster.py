@@ -18,8 +18,9 @@ Arrivals (``Workload``):
 - ``closed`` with ``max_sessions = N``: a closed system of N session slots. Sessions (and
   session-less requests) start in timestamp order, each at ``max(its timestamp, the time
   a slot frees)``; a slot frees when a session's last request completes. Metrics cover
-  the steady state: requests arriving after ``warmup_s`` and no later than the last
-  session start (``window``), and throughput counts turns completed inside that window.
+  the steady state: requests arriving inside ``window`` = (``max(warmup_s, warmup_frac x
+  last session start)``, the last session start), and throughput counts turns completed
+  inside that window.
 
 Warm-up: requests flagged ``warmup`` (``extra.warmup`` in the trace) or arriving before
 ``warmup_s`` run normally but are left out of every reported metric; flagged ones also
@@ -309,10 +310,16 @@ def summarize(sim: ClusterSim, workload: Workload, policy_name: str,
     if sim.cfg.max_sessions is not None:
         hi = sim.last_start_s
         lo = max(sim.cfg.warmup_s, sim.cfg.warmup_frac * hi)
-        done = [r for r in done if r.arrival_s <= hi]
         if hi > lo:
             window = (lo, hi)
+            # every metric covers the steady state, not only throughput: requests of the
+            # ramp-up (before lo) leave TTFT and hit rate as they leave turns/s
+            done = [r for r in done if lo <= r.arrival_s <= hi]
+        else:
+            done = [r for r in done if r.arrival_s <= hi]
     ttft = [r.first_token_s - r.arrival_s for r in done]
+    # TTFT = waiting for admission (queue: no free seat, budget or KV blocks) + prefill
+    queue = [r.admitted_s - r.arrival_s for r in done if r.admitted_s is not None]
     lat = [r.finish_s - r.arrival_s for r in done]
     hit_blocks = sum(r.hit_blocks for r in done)
     prompt_blocks = sum(len(r.ctx.keys) * (1 + r.preemptions) for r in done)
@@ -350,6 +357,7 @@ def summarize(sim: ClusterSim, workload: Workload, policy_name: str,
             "evictions": None if sim.pooled else rep.pool.stats.evictions,
             "preemptions": st.preemptions,
             "ttft_p90_s": percentile([r.first_token_s - r.arrival_s for r in rdone], 90),
+            "ttft_mean_s": _mean([r.first_token_s - r.arrival_s for r in rdone]),
             "utilization": st.busy_s / max(sim.now, 1e-9),  # over the whole run
             "steps": st.steps,
         })
@@ -365,6 +373,7 @@ def summarize(sim: ClusterSim, workload: Workload, policy_name: str,
         "rejected": len(sim.rejected),
         "ttft_mean_s": _mean(ttft), "ttft_p50_s": percentile(ttft, 50),
         "ttft_p90_s": percentile(ttft, 90), "ttft_p99_s": percentile(ttft, 99),
+        "queue_mean_s": _mean(queue),
         "latency_mean_s": _mean(lat), "latency_p50_s": percentile(lat, 50),
         "latency_p90_s": percentile(lat, 90), "latency_p99_s": percentile(lat, 99),
         "throughput_rps": throughput,

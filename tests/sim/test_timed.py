@@ -269,3 +269,19 @@ def test_policy_anchor_labels_reach_the_router():
     sim = ClusterSim(cfg, Labelled, Spy())
     sim.run(build_workload(recs, make_contexts(recs), cfg))
     assert seen and all(s == [["agent-x"], ["agent-x"]] for s in seen)
+
+
+def test_steady_state_window_applies_to_every_metric():
+    # warmup_frac leaves the ramp-up out of TTFT and hit rate, not only out of turns/s
+    from anchorage.sim.cluster import summarize
+    recs = session_trace(seed=7, sessions=8, turns=3)
+    ctxs = make_contexts(recs)
+    cfg = TimedConfig(tiny_profile(capacity=64), replicas=1, max_sessions=2, warmup_frac=0.5)
+    sim, wl = simulate(recs, cfg)
+    out = summarize(sim, wl, "lru", "round_robin")
+    lo, hi = out["window_s"]
+    inside = [r for r in sim.completed if r.measured and lo <= r.arrival_s <= hi]
+    assert 0 < len(inside) < len([r for r in sim.completed if r.arrival_s <= hi])
+    assert out["measured_requests"] == len(inside)
+    ttft = sum(r.first_token_s - r.arrival_s for r in inside) / len(inside)
+    assert out["ttft_mean_s"] == pytest.approx(ttft)
