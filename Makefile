@@ -5,7 +5,7 @@ PY      ?= python3
 VENV    ?= .venv
 export ANCHORAGE_VENV := $(abspath $(VENV))
 
-.PHONY: demo test setup setup-core bench lint clean
+.PHONY: demo policies test setup setup-core bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -13,16 +13,23 @@ setup:
 setup-core:
 	@ANCHORAGE_SETUP_CORE_ONLY=1 bash scripts/setup.sh
 
-# Until the full stack (`anchorage up`) lands, the main job is the policy comparison on
-# generated multi-agent workloads.
-demo: setup-core
-	@$(VENV)/bin/anchorage bench --workloads generated:pipeline,generated:hierarchical,generated:random
+# The main job: the whole stack on this machine (two tiny vLLM CPU engines with node agents,
+# the router, Prometheus), stock vLLM + round-robin vs Anchorage hybrid + agent routing on
+# the same multi-agent workload; report in out/demo/.
+demo: setup
+	@$(VENV)/bin/anchorage demo
+
+# The eviction-policy comparison alone (simulator only; needs just the core install).
+policies: setup-core
+	@$(VENV)/bin/anchorage bench --workloads generated:pipeline,generated:random --no-half-lru \
+	    --policies lru,arc,cachescout,cachewise,hybrid,belady --capacities 0.02,0.05,0.1
 
 test: setup
 	@bash scripts/run_tests.sh
 
+# Every benchmark in bench/ (long: about an hour here); results in bench/results/.
 bench: setup
-	@$(VENV)/bin/python bench/run_all.py
+	@for b in bench/bench_*.py; do echo "== $$b"; $(VENV)/bin/python $$b || exit 1; done
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
