@@ -200,6 +200,9 @@ class GroupEvictionPolicy(EvictionPolicy):
         # per live request: (session, agent, anchor_len), keyed by request id, so requests
         # that overlap (vLLM, the timed simulator) never see each other's session
         self._reqs: OrderedDict[Hashable, tuple] = OrderedDict()
+        # ids of requests already done: one that comes back was preempted (vLLM and the
+        # simulator free a preempted request's blocks) and is not a new turn to learn from
+        self._done: OrderedDict[Hashable, None] = OrderedDict()
         self._cur: tuple | None = None  # the last request seen by on_request (observers)
         self._touched: dict[int, Group] = {}
         self._capacity = 1
@@ -234,8 +237,8 @@ class GroupEvictionPolicy(EvictionPolicy):
         sess = self._session(sid)
         agent = self._agent(fp) if fp is not None else None
         rid = ctx.request_id
-        if rid is not None and rid in self._reqs:  # a re-scheduled attempt: learnt already
-            learn = False
+        if rid is not None and (rid in self._reqs or rid in self._done):
+            learn = False  # a re-scheduled attempt or a preempted request: learnt already
         if learn:
             self._learn(ctx, sess, agent, now)
         self._cur = (sess, agent, anchor_len)
@@ -379,6 +382,10 @@ class GroupEvictionPolicy(EvictionPolicy):
     def on_request_done(self, ctx: RequestContext) -> None:
         rid = ctx.request_id
         cur = self._reqs.pop(rid, None) if rid is not None else None
+        if rid is not None:
+            self._done[rid] = None
+            if len(self._done) > MAX_LIVE_REQUESTS:
+                self._done.popitem(last=False)
         now = self._now
         if cur is not None:
             sess, agent, _ = cur

@@ -59,3 +59,18 @@ def test_random_overlap_keeps_invariants(name):
         pool.free(al)
     pool.check_invariants()
     assert pool.num_free_blocks == pool.capacity_blocks
+
+
+@pytest.mark.parametrize("name", ["cachescout", "cachewise", "hybrid"])
+def test_preempted_request_is_learnt_once(name):
+    """vLLM (and the simulator) free a preempted request's blocks and admit it again
+    later with the same id: that is not a new turn of the session."""
+    pol = make_policy(name, block_size=4)
+    pool = BlockPool(20, 4, pol)
+    first = ctx(1, "A", ["a1", "a2"], 0.0)
+    pool.free(pool.allocate(first))
+    c = ctx(2, "A", ["a1", "a2", "a3"], 5.0)
+    pool.free(pool.allocate(c))       # preempted
+    c.now_s = 6.5
+    pool.free(pool.allocate(c))       # re-admitted and finished
+    assert pol.sessions["A"].n == 2
