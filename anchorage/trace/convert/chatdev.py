@@ -24,13 +24,13 @@ Mapping
 
 from __future__ import annotations
 
-import json
 import os
 
 from anchorage.trace.blocks import n_blocks
 from anchorage.trace.convert.common import (DEFAULT_WINDOW_S, ConvertOptions, interleave,
+                                            read_json_objects,
                                             start_offsets_ms)
-from anchorage.trace.format import READ_ERRORS, TraceError, TraceHeader, TraceRecord, open_text
+from anchorage.trace.format import TraceError, TraceHeader, TraceRecord
 
 BLOCK_SIZE = 16
 
@@ -52,22 +52,7 @@ def _int(obj: dict, key: str, path: str, line: int) -> int:
 
 
 def read_calls(path: str) -> list[tuple[int, dict]]:
-    calls = []
-    try:
-        with open_text(path) as fh:
-            for line, text in enumerate(fh, start=1):
-                if not text.strip():
-                    continue
-                try:
-                    obj = json.loads(text)
-                except json.JSONDecodeError as exc:
-                    raise TraceError(path, line, f"invalid JSON: {exc.msg}") from None
-                if not isinstance(obj, dict):
-                    raise TraceError(path, line, "expected a JSON object")
-                calls.append((line, obj))
-    except READ_ERRORS as exc:
-        raise TraceError(path, None, f"cannot read: {exc}") from None
-    return calls
+    return read_json_objects(path)
 
 
 def convert(src: str, opts: ConvertOptions) -> tuple[TraceHeader, list[TraceRecord]]:

@@ -89,3 +89,24 @@ def iso_ms(text: str) -> float:
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=timezone.utc)
     return dt.timestamp() * 1000.0
+
+
+def read_json_objects(path: str) -> list[tuple[int, dict]]:
+    """(line number, object) for each non-blank line of a JSONL file (any compression);
+    a line that is not a JSON object is a TraceError naming the file and line."""
+    rows: list[tuple[int, dict]] = []
+    try:
+        with open_text(path) as fh:
+            for line, text in enumerate(fh, start=1):
+                if not text.strip():
+                    continue
+                try:
+                    obj = json.loads(text)
+                except json.JSONDecodeError as exc:
+                    raise TraceError(path, line, f"invalid JSON: {exc.msg}") from None
+                if not isinstance(obj, dict):
+                    raise TraceError(path, line, "expected a JSON object")
+                rows.append((line, obj))
+    except READ_ERRORS as exc:
+        raise TraceError(path, None, f"cannot read: {exc}") from None
+    return rows

@@ -26,14 +26,13 @@ is preferred, else the only ``round_trace.jsonl`` found.
 from __future__ import annotations
 
 import glob
-import json
 import os
 from typing import Any
 
 from anchorage.trace.blocks import PrefixIds, n_blocks
-from anchorage.trace.convert.common import (ConvertOptions, interleave, iso_ms,
+from anchorage.trace.convert.common import (ConvertOptions, interleave, iso_ms, read_json_objects,
                                             start_offsets_ms)
-from anchorage.trace.format import READ_ERRORS, TraceError, TraceHeader, TraceRecord, open_text
+from anchorage.trace.format import TraceError, TraceHeader, TraceRecord
 
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_WINDOW_S = 60.0
@@ -83,20 +82,7 @@ def _tools(tools: Any, path: str, line: int) -> tuple[str | None, Any, float | N
 def convert(src: str, opts: ConvertOptions) -> tuple[TraceHeader, list[TraceRecord]]:
     path = _path(src)
     bs = opts.block_size or DEFAULT_BLOCK_SIZE
-    rows: list[tuple[int, dict]] = []
-    try:
-        with open_text(path) as fh:
-            for line, text in enumerate(fh, start=1):
-                if text.strip():
-                    try:
-                        obj = json.loads(text)
-                    except json.JSONDecodeError as exc:
-                        raise TraceError(path, line, f"invalid JSON: {exc.msg}") from None
-                    if not isinstance(obj, dict):
-                        raise TraceError(path, line, "expected a JSON object")
-                    rows.append((line, obj))
-    except READ_ERRORS as exc:
-        raise TraceError(path, None, f"cannot read: {exc}") from None
+    rows = read_json_objects(path)
 
     by_session: dict[str, list[tuple[int, int, dict]]] = {}
     for line, obj in rows:
