@@ -116,7 +116,7 @@ def run(args) -> int:
     cfg = stack_config(args)
     check_dependencies()
     stack = Stack(cfg)
-    with Stopper() as stopper:
+    with Stopper():
         try:
             try:
                 ep = stack.start(lambda m: print(m, flush=True))
