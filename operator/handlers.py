@@ -45,7 +45,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     _kube = KubeIO()
     port = int(os.environ.get("ANCHORAGE_OPERATOR_METRICS_PORT", "0") or 0)
     if port:
-        op_metrics.serve(port)
+        op_metrics.serve(port, os.environ.get("ANCHORAGE_OPERATOR_METRICS_HOST", "127.0.0.1"))
     settings.posting.level = 20  # INFO and above become Events
     settings.watching.server_timeout = 60
 

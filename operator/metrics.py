@@ -57,5 +57,5 @@ def record_error(namespace: str, name: str) -> None:
     RECONCILES.labels(namespace, name, "error").inc()
 
 
-def serve(port: int, addr: str = "0.0.0.0") -> None:
+def serve(port: int, addr: str = "127.0.0.1") -> None:
     start_http_server(port, addr=addr, registry=REGISTRY)

@@ -29,6 +29,9 @@ def register(sub) -> None:
                    help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
     p.add_argument("--metrics-port", type=int, default=8080,
                    help="serve the operator's own /metrics on this port (0: off; default 8080)")
+    p.add_argument("--metrics-host", default="127.0.0.1",
+                   help="address /metrics binds (default 127.0.0.1; 0.0.0.0 in a pod so "
+                        "Prometheus can scrape it)")
     p.add_argument("--verbose", action="store_true")
     p.set_defaults(func=run)
 
@@ -43,6 +46,7 @@ def run(args) -> int:
     if args.metrics_port < 0:
         raise CLIError("--metrics-port must be >= 0")
     os.environ["ANCHORAGE_OPERATOR_METRICS_PORT"] = str(args.metrics_port)
+    os.environ["ANCHORAGE_OPERATOR_METRICS_HOST"] = args.metrics_host
     try:
         import kopf
     except ImportError:
