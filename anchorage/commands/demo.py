@@ -81,11 +81,10 @@ def reexec_isolated(argv: list[str]) -> int:
 def run(args) -> int:
     from anchorage.cli import CLIError
     from anchorage.commands.drive import load_workload, plan_options
-    from anchorage.commands.up import Stopper, check_dependencies, stack_config
+    from anchorage.commands.up import Stopper, check_dependencies, stack_config, start_stack
     from anchorage.drive import report
     from anchorage.drive.run import drive
     from anchorage.stack.stack import Stack
-    from anchorage.stack.supervisor import StartError
     from anchorage.stack.tiny_model import vocab_size
 
     configs = parse_configs(args.configs)
@@ -110,12 +109,7 @@ def run(args) -> int:
             stack = Stack(stack_config(args, policy=policy, router=router))
             t0 = time.monotonic()
             try:
-                try:
-                    ep = stack.start(lambda m: print(m, flush=True))
-                except StartError as exc:
-                    if exc.tail:
-                        print(f"last lines of the log:\n{exc.tail}", file=sys.stderr)
-                    raise CLIError(str(exc)) from None
+                ep = start_stack(stack)
                 t_up = time.monotonic() - t0
                 opts = plan_options(args, wl, vocab_size(ep.model))
                 if args.model is None:  # the tiny engines' max model length bounds prompts

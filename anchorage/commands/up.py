@@ -108,22 +108,30 @@ class Stopper:
             signal.signal(s, h)
 
 
+def start_stack(stack):
+    """Start ``stack`` with progress on stdout; a failure is one CLI error line, after the
+    failing process's last log lines (the stack has already stopped what it started)."""
+    from anchorage.cli import CLIError
+    from anchorage.stack.supervisor import StartError
+
+    try:
+        return stack.start(lambda m: print(m, flush=True))
+    except StartError as exc:
+        if exc.tail:
+            print(f"last lines of the log:\n{exc.tail}", file=sys.stderr)
+        raise CLIError(str(exc)) from None
+
+
 def run(args) -> int:
     from anchorage.cli import CLIError
     from anchorage.stack.stack import Stack
-    from anchorage.stack.supervisor import StartError
 
     cfg = stack_config(args)
     check_dependencies()
     stack = Stack(cfg)
     with Stopper():
         try:
-            try:
-                ep = stack.start(lambda m: print(m, flush=True))
-            except StartError as exc:
-                if exc.tail:
-                    print(f"last lines of the log:\n{exc.tail}", file=sys.stderr)
-                raise CLIError(str(exc)) from None
+            ep = start_stack(stack)
             print("\nAnchorage stack is up (loopback only):", flush=True)
             print(f"  router (OpenAI API)  {ep.router}/v1/completions", flush=True)
             for i, (e, s) in enumerate(zip(ep.engines, ep.sidecars)):
