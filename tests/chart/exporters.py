@@ -11,13 +11,12 @@ LABEL_VALUES, one series per value.
 from __future__ import annotations
 
 import re
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from dataclasses import dataclass
 from pathlib import Path
 
 from tests.conftest import REPO
+from tests.support.prometheus import serve_text_format
 
 DOC = REPO / "docs" / "metrics.md"
 
@@ -97,30 +96,6 @@ def _label_sets(s: Series) -> list[dict[str, str]]:
     return sets
 
 
-def _serve_text_format(registry) -> ThreadingHTTPServer:
-    """/metrics in the text format 0.0.4 only, as vLLM's own endpoint answers Prometheus.
-    (prometheus_client's server would negotiate OpenMetrics, where it escapes the colons of
-    `vllm:*` names to underscores.)"""
-    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 (http.server's name)
-            body = generate_latest(registry)
-            self.send_response(200)
-            self.send_header("Content-Type", CONTENT_TYPE_LATEST)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
-
-
 class DocumentedExporter:
     """A prometheus_client collector serving the documented series of some emitters.
 
@@ -138,7 +113,7 @@ class DocumentedExporter:
         self.t0 = time.monotonic() - 60.0   # counters start as if 60 s had passed
         self.registry = CollectorRegistry()
         self.registry.register(self)
-        self._server = _serve_text_format(self.registry)
+        self._server = serve_text_format(self.registry)
         self.port = self._server.server_address[1]
 
     def _counter_rate(self, s: Series, i: int, hit_rate: float) -> float:

@@ -21,6 +21,29 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from tests.support.procs import free_port, spawn, stop, wait_until
 
 
+def serve_text_format(registry, port: int = 0) -> ThreadingHTTPServer:
+    """Serve ``registry`` on 127.0.0.1:``port`` (0: any free port) in the classic text format
+    0.0.4 only, as vLLM's own endpoint answers Prometheus: prometheus_client's own server
+    would negotiate OpenMetrics, which rewrites the colons of vLLM's ``vllm:*`` names."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            body = generate_latest(registry)
+            self.send_response(200)
+            self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
 class VLLMExporter:
     """Emits vllm:prefix_cache_{hits,queries}_total, vllm:num_requests_waiting,
     vllm:kv_cache_usage_perc and anchorage_evictions_reused_soon_total; counters advance at
@@ -36,24 +59,7 @@ class VLLMExporter:
         self.registry = CollectorRegistry()
         self.registry.register(self)
         self.port = free_port()
-        # Always the classic text format: prometheus_client's OpenMetrics output rewrites the
-        # colons of vLLM's names, which Prometheus 2.42 would negotiate.
-        registry = self.registry
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802
-                body = generate_latest(registry)
-                self.send_response(200)
-                self.send_header("Content-Type", CONTENT_TYPE_LATEST)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self._server = serve_text_format(self.registry, self.port)
 
     def set(self, *, hit_rate: float, queries_per_s: float = 1000.0, waiting: float = 0.0,
             kv: float = 0.2, soon_evictions_per_s: float = 0.0) -> None:
