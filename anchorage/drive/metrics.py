@@ -24,18 +24,24 @@ def parse(text: str) -> dict[str, float]:
     return out
 
 
-def scrape(urls: list[str], timeout: float = 10.0) -> dict[str, float] | None:
-    """Summed counters over ``urls``; None when any engine cannot be read."""
-    total = {v: 0.0 for v in COUNTERS.values()}
+def _scrape_sum(urls: list[str], parse_fn, timeout: float,
+                total: dict[str, float]) -> dict[str, float] | None:
+    """``parse_fn`` of each url's /metrics, summed into ``total``; None when any cannot be
+    read."""
     for u in urls:
         try:
             with urllib.request.urlopen(u.rstrip("/") + "/metrics", timeout=timeout) as r:  # noqa: S310
-                got = parse(r.read().decode(errors="replace"))
+                got = parse_fn(r.read().decode(errors="replace"))
         except OSError:
             return None
         for k, v in got.items():
-            total[k] += v
+            total[k] = total.get(k, 0.0) + v
     return total
+
+
+def scrape(urls: list[str], timeout: float = 10.0) -> dict[str, float] | None:
+    """Summed counters over ``urls``; None when any engine cannot be read."""
+    return _scrape_sum(urls, parse, timeout, {v: 0.0 for v in COUNTERS.values()})
 
 
 def delta(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float] | None:
@@ -70,13 +76,4 @@ def parse_node_agent(text: str) -> dict[str, float]:
 
 
 def scrape_node_agents(urls: list[str], timeout: float = 10.0) -> dict[str, float] | None:
-    total: dict[str, float] = {}
-    for u in urls:
-        try:
-            with urllib.request.urlopen(u.rstrip("/") + "/metrics", timeout=timeout) as r:  # noqa: S310
-                got = parse_node_agent(r.read().decode(errors="replace"))
-        except OSError:
-            return None
-        for k, v in got.items():
-            total[k] = total.get(k, 0.0) + v
-    return total
+    return _scrape_sum(urls, parse_node_agent, timeout, {})
