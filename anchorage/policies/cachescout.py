@@ -25,9 +25,11 @@ signals:
 
 Prefetch advisor (section 3.4): ``PrefetchAdvisor(policy).advise(session_id)`` returns the
 session's predicted next agent ``argmax_j P(j | current)`` (eq. 10), its probability, the
-predictability ``R`` (eq. 2) and whether ``R >= R_min`` (eq. 11, ``r_min`` = 0.3), and the
-anchors to warm: the predicted agent's fingerprint when its anchor is not resident
-(``anchors_to_warm`` is empty when the gate is closed). ``warm_candidates(k)`` ranks agents
+predictability ``R`` (eq. 2) and whether ``R >= R_min`` (eq. 11; ``r_min``: the policy's
+tuned ``r_min`` when it is positive, else 0.3) and prefetch is enabled (the policy's
+``prefetch``), and the anchors to warm: the predicted agent's fingerprint when its anchor is
+not resident (``anchors_to_warm`` is empty when the gate is closed). ``budget(dt)`` is the
+number of warm-ups allowed in ``dt`` seconds (``prefetch_rate_per_s``). ``warm_candidates(k)`` ranks agents
 by the expected number of active sessions calling them next. Warm-up requests
 (``ctx.warmup``) never update learning.
 """
@@ -37,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Hashable
 
-from anchorage.policies.group_eviction import GroupEvictionPolicy, Signals
+from anchorage.policies.group_eviction import INF, GroupEvictionPolicy, Signals
 
 SIGNALS = Signals(anchors=True, transitions=True, gaps=True, tools=False, dead_outputs=True)
 
@@ -64,9 +66,22 @@ class Advice:
 class PrefetchAdvisor:
     """Read-only view of a ``GroupEvictionPolicy``'s learned model for the sidecar."""
 
-    def __init__(self, policy: GroupEvictionPolicy, r_min: float = 0.3):
+    def __init__(self, policy: GroupEvictionPolicy, r_min: float | None = None):
         self.policy = policy
+        if r_min is None:  # the policy's tuned gate when it has one, else the paper's 0.3
+            r_min = getattr(policy, "r_min", 0.0) or 0.3
         self.r_min = r_min
+        self.enabled = bool(getattr(policy, "prefetch", True))
+        self.rate_per_s = float(getattr(policy, "prefetch_rate_per_s", INF))
+
+    def budget(self, interval_s: float) -> int:
+        """Warm-ups allowed in ``interval_s`` seconds (``prefetch_rate_per_s``; 0 when
+        prefetch is disabled)."""
+        if not self.enabled:
+            return 0
+        if self.rate_per_s == INF:
+            return 1 << 30
+        return int(self.rate_per_s * max(0.0, interval_s))
 
     def predictability(self) -> float:
         return self.policy.trans.predictability()
@@ -81,7 +96,7 @@ class PrefetchAdvisor:
         cur = s.agent if s is not None else None
         R = self.predictability()
         nxt, p = pol.trans.next_agent(cur) if cur is not None else (None, 0.0)
-        gate = R >= self.r_min
+        gate = self.enabled and R >= self.r_min
         warm = [nxt] if (gate and nxt is not None and not self._resident(nxt)) else []
         return Advice(session_id, cur, nxt, p, R, gate, warm)
 

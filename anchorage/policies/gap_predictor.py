@@ -20,6 +20,7 @@ it, plus ``ends``, the count of sessions that never came back. Given elapsed tim
   ``r(e) = sum_b w_b * m_b / C(e) - e`` with ``m_b`` the bin's sum (the partial bin uses
   its mean clipped to at least ``(e + hi_b) / 2``); at least one bin width above ``e`` when
   ``C(e) = 0``;
+- ``p_within(e, h) = (C(e) - C(e + h)) / (C(e) + ends)``: return within ``h`` seconds;
 - ``expected_wait(e) = r(e) / max(P(e), p_floor)``: time per expected reuse, the quantity an
   online Belady evicts the largest of (holding a block costs time; it pays off with
   probability ``P``). ``p_floor = 0.02``.
@@ -122,6 +123,17 @@ class GapHistogram:
         c, _ = self.tail(elapsed_s)
         tot = c + self.ends
         return c / tot if tot > 0 else 0.0
+
+    def p_within(self, elapsed_s: float, horizon_s: float) -> float:
+        """P(e < tau <= e + h | tau > e): the session returns within ``horizon_s``."""
+        c0, _ = self.tail(elapsed_s)
+        tot = c0 + self.ends
+        if tot <= 0:
+            return 0.0
+        if horizon_s == float("inf"):
+            return c0 / tot
+        c1, _ = self.tail(max(0.0, elapsed_s) + horizon_s)
+        return max(0.0, c0 - c1) / tot
 
     def remaining(self, elapsed_s: float) -> float:
         """E[tau - e | tau > e] over the finite gaps."""

@@ -61,6 +61,39 @@ Sessions idle longer than ``end_factor`` (default 2) times the 99th percentile o
 gaps are ended: the gap model records an end (tau = inf) and the transition learner
 ``i -> END``; they no longer count in ``N_i``. A returning ended session retracts that end.
 
+Tuning parameters (the operator's CRD ``spec.policy.parameters``, mapped by
+``anchorage.autoscale.params``; validated by ``check_tuning``: a bad value is a ValueError
+naming the parameter and its range, an unknown name a TypeError). The defaults leave the
+order above unchanged:
+
+- ``horizon_s`` (``horizon``, seconds in (0, inf], default inf): how far ahead a
+  prediction counts. A group whose expected time to next use ``T`` (recency groups: ``mult
+  * T(age) + add``) exceeds it is *far reuse*, ``K = inf``: evicted before every group
+  expected within the horizon (ties: freed earliest).
+- ``survival_threshold`` (``survivalThreshold``, [0, 1], default 0 = off): keep a group
+  only while its survival, the probability that it is used within ``horizon_s``, is at
+  least this; below it ``K = inf`` (*low survival*). Thread: ``p * P(e < tau <= e + H |
+  tau > e)`` from the histogram the session is scored by (its tool's, else all gaps; 1
+  until ``min_samples`` gaps are learned), ``p`` its transition reach probability (1
+  without transitions); anchor: ``1 - exp(-H / T)`` (Poisson reuse at rate ``1 / T``);
+  recency groups are never low-survival.
+- ``recency_scale_s`` (``recencyScale``, seconds in (0, inf], default inf): the time
+  constant of the recency term: a group without signal idle for ``age`` is expected back
+  in ``T(age) = s * (exp(age / s) - 1)`` (about ``age`` while ``age << s``; default:
+  ``T(age) = age``). Monotone, so with no signal the order is still exactly LRU; a finite
+  ``s`` makes long-idle unsignalled groups go before predicted ones.
+- ``r_min`` (``rMin``, [0, 1], default 0): predictability gate; transition terms (thread
+  reach, ``p_stay``, the anchor's ``T_trans``) apply only while ``R`` (``TransitionLearner
+  .predictability``, eq. 2, refreshed at re-scoring) is at least ``r_min``. Also the
+  prefetch advisor's gate when positive (``cachescout.PrefetchAdvisor``).
+- ``prefetch`` (``prefetchEnabled``, bool, default true) and ``prefetch_rate_per_s``
+  (``prefetchRatePerSecond``, >= 0, default 4): read by the prefetch advisor (whether it
+  advises warm-ups, and how many per second); no effect on the eviction order.
+
+Measured (``bench/bench_policies.py`` workloads at half-LRU capacity): the defaults are the
+best of the values tried; e.g. ``r_min`` 0.3 costs 2.9 points on random topology (R 0.25
+there, yet transitions help), and the CRD example (0.3, 120 s, 30 s, 0.6) costs 0.6-8.3 points.
+
 Re-scoring (CacheWise section 5.3): all groups with free blocks are re-scored (``epoch =
 now``) when a request arrives and the policy clock advanced by a quarter of the cache
 turnover time (time to evict ``capacity`` blocks, measured online as an EWMA) or by the
@@ -89,6 +122,43 @@ from anchorage.policies.transitions import END, TransitionLearner
 INF = math.inf
 MAX_LIVE_REQUESTS = 8192  # requests in flight whose context is kept (bounded)
 ANCHOR, THREAD, OUTPUT = 0, 1, 2
+
+
+TUNING_DEFAULTS: dict[str, Any] = {
+    "survival_threshold": 0.0, "horizon_s": INF, "recency_scale_s": None, "r_min": 0.0,
+    "prefetch": True, "prefetch_rate_per_s": 4.0,
+}
+
+
+def check_tuning(**params: Any) -> dict[str, Any]:
+    """Validate the operator-tuned parameters (module spec, "Tuning parameters"); returns
+    them normalised (``recency_scale_s`` None -> inf). Raises ValueError naming the bad
+    one; an unknown name is a TypeError."""
+    unknown = sorted(set(params) - set(TUNING_DEFAULTS))
+    if unknown:
+        raise TypeError(f"unknown tuning parameter(s) {', '.join(unknown)}; accepted: "
+                        f"{', '.join(TUNING_DEFAULTS)}")
+    out = dict(TUNING_DEFAULTS, **params)
+
+    def num(name: str, lo: float, hi: float, lo_open: bool = False) -> float:
+        v = out[name]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
+            raise ValueError(f"{name} must be a number, got {v!r}")
+        if v < lo or v > hi or (lo_open and v == lo):
+            rng = f"({lo:g}, {hi:g}]" if lo_open else f"[{lo:g}, {hi:g}]"
+            raise ValueError(f"{name} must be in {rng}, got {v!r}")
+        return float(v)
+
+    out["survival_threshold"] = num("survival_threshold", 0.0, 1.0)
+    out["horizon_s"] = num("horizon_s", 0.0, INF, lo_open=True)
+    if out["recency_scale_s"] is None:
+        out["recency_scale_s"] = INF
+    out["recency_scale_s"] = num("recency_scale_s", 0.0, INF, lo_open=True)
+    out["r_min"] = num("r_min", 0.0, 1.0)
+    out["prefetch_rate_per_s"] = num("prefetch_rate_per_s", 0.0, INF)
+    if not isinstance(out["prefetch"], bool):
+        raise ValueError(f"prefetch must be true or false, got {out['prefetch']!r}")
+    return out
 
 
 @dataclass
@@ -158,7 +228,22 @@ class GroupEvictionPolicy(EvictionPolicy):
                  eps: float = 0.1, max_sessions: int = 4096, max_agents: int = 64,
                  max_tools: int = 64, max_prefix_keys: int = 1 << 18,
                  global_gaps: str = "auto", no_tool_context: bool = False,
-                 turnover_gap_ratio: float = 2.0):
+                 turnover_gap_ratio: float = 2.0, survival_threshold: float = 0.0,
+                 horizon_s: float = INF, recency_scale_s: float | None = None,
+                 r_min: float = 0.0, prefetch: bool = True,
+                 prefetch_rate_per_s: float = 4.0):
+        tuning = check_tuning(survival_threshold=survival_threshold, horizon_s=horizon_s,
+                              recency_scale_s=recency_scale_s, r_min=r_min,
+                              prefetch=prefetch, prefetch_rate_per_s=prefetch_rate_per_s)
+        self.survival_threshold = tuning["survival_threshold"]
+        self.horizon_s = tuning["horizon_s"]
+        self.recency_scale_s = tuning["recency_scale_s"]
+        self.r_min = tuning["r_min"]
+        self.prefetch = tuning["prefetch"]
+        self.prefetch_rate_per_s = tuning["prefetch_rate_per_s"]
+        # plain recency (K = epoch + mult * age + add) unless a scale or horizon is set
+        self._plain = self.recency_scale_s == INF and self.horizon_s == INF
+        self._R = 0.0            # predictability, refreshed at every re-scoring
         self.block_size = block_size
         if global_gaps not in ("auto", "wait", "survival", "off"):
             raise ValueError(
@@ -442,9 +527,12 @@ class GroupEvictionPolicy(EvictionPolicy):
                 seq, t = next(iter(free.values()))
                 K = g.K
                 if K is None:
-                    ep = self._epoch
-                    age = ep - t
-                    K = ep + (g.mult * age if age > 0 else 0.0) + g.add
+                    if self._plain:
+                        ep = self._epoch
+                        age = ep - t
+                        K = ep + (g.mult * age if age > 0 else 0.0) + g.add
+                    else:
+                        K = self._recency_K(g, t)
                 heapq.heapreplace(heap, (-K, seq, g.ver, g))
             else:
                 heapq.heappop(heap)
@@ -464,10 +552,25 @@ class GroupEvictionPolicy(EvictionPolicy):
         seq, t = next(iter(g.free.values()))
         K = g.K
         if K is None:
-            ep = self._epoch
-            age = ep - t
-            K = ep + (g.mult * age if age > 0 else 0.0) + g.add
+            K = self._recency_K(g, t)
         return (-K, seq, g.ver, g)
+
+    def _recency_K(self, g: Group, t: float) -> float:
+        """Recency score of a group whose front block was freed at ``t``: ``epoch +
+        mult * T(age) + add`` with ``T(age) = age`` (``recency_scale_s`` inf) or
+        ``s * (exp(age / s) - 1)``; beyond ``horizon_s``: inf (far reuse)."""
+        ep = self._epoch
+        age = ep - t
+        if age < 0:
+            age = 0.0
+        sc = self.recency_scale_s
+        if sc != INF:
+            x = age / sc
+            age = sc * math.expm1(x) if x < 700 else INF
+        T = g.mult * age + g.add
+        if T > self.horizon_s:
+            return INF
+        return ep + T
 
     def _push(self, g: Group) -> None:
         g.ver += 1
@@ -499,6 +602,8 @@ class GroupEvictionPolicy(EvictionPolicy):
         now = self._now
         self._epoch = now
         self._pops_since = 0
+        if self.r_min > 0:
+            self._R = self.trans.predictability_fast()
         self._sweep_ended(now)
         heap = []
         for g in self._nonempty.values():
@@ -516,6 +621,8 @@ class GroupEvictionPolicy(EvictionPolicy):
         kind = g.kind
         T = None
         mult, add = 1.0, 0.0
+        trans = sig.transitions and self._R >= self.r_min
+        p_use = 1.0  # P(the group's owner calls it at all), for the survival test
         if kind == OUTPUT:
             if sig.dead_outputs and self._outputs_dead():
                 T = INF
@@ -527,7 +634,7 @@ class GroupEvictionPolicy(EvictionPolicy):
                 T = self._session_wait(sess, now)
                 if T is None:
                     mult = 1.0 / max(self._return_probability(sess, now), 0.02)
-            if sig.transitions and g.agent is not None and T != INF:
+            if trans and g.agent is not None and T != INF:
                 cur = sess.agent
                 p = None
                 if cur is not None and cur != g.agent.fp:
@@ -536,25 +643,46 @@ class GroupEvictionPolicy(EvictionPolicy):
                     p, steps = self._stay(sess)
                 if p is not None:
                     p = max(p, 0.02)
+                    p_use = p
                     extra = (steps - 1) * self.step_gap
                     if T is None:
                         mult, add = mult / p, extra / p
                     else:
                         T = (T + extra) / p
+            if self.survival_threshold > 0 and T != INF:
+                if self._thread_survival(sess, now) * p_use < self.survival_threshold:
+                    T = INF  # low survival
         else:  # ANCHOR
             if sig.anchors:
                 a = g.agent
                 if a.n >= 3 and a.ia < INF:
                     T = min(a.ia, max(0.0, now - a.last_s))
                 if T is not None:
-                    if sig.transitions and self.step_gap > 0:
+                    if trans and self.step_gap > 0:
                         rate = 0.0
                         for i, n_i in self.at_agent.items():
                             rate += n_i * self.trans.prob(i, a.fp)
                         if rate > 0:
                             T = min(T, self.step_gap / rate)
+                    if (self.survival_threshold > 0 and T > 0
+                            and -math.expm1(-self.horizon_s / T) < self.survival_threshold):
+                        T = INF  # low survival (Poisson reuse at rate 1 / T)
+        if T is not None and T > self.horizon_s:
+            T = INF  # far reuse
         g.K = None if T is None else now + T
         g.mult, g.add = mult, add
+
+    def _thread_survival(self, sess: Session, now: float) -> float:
+        """P(the session's next request comes within ``horizon_s`` | idle so far), from the
+        histogram it is scored by (per tool, else all gaps); 1 while nothing is learned."""
+        if sess.ended:
+            return 0.0
+        h = self.gaps.specific(sess.tool, sess.cluster) if self.sig.tools else None
+        if h is None:
+            h = self.gaps.global_hist
+            if h.n < self.gaps.min_samples:
+                return 1.0
+        return h.p_within(max(0.0, now - sess.last_s), self.horizon_s)
 
     def _stay(self, sess: Session) -> tuple[float | None, float]:
         """(P(the session calls its current agent again within two steps), expected
@@ -703,9 +831,7 @@ class GroupEvictionPolicy(EvictionPolicy):
         seq, t = st
         K = g.K
         if K is None:
-            ep = self._epoch
-            age = ep - t
-            K = ep + (g.mult * age if age > 0 else 0.0) + g.add
+            K = self._recency_K(g, t)
         return (-K, seq)
 
     def reset(self) -> None:

@@ -14,6 +14,14 @@ Parameters (all optional, defaults in ``GroupEvictionPolicy``): ``min_samples`` 
 ``dead_min_samples`` (64), ``dead_max_reuse`` (0.02), ``end_factor`` (2.0), ``eps`` (0.1),
 ``max_sessions`` (4096), ``max_agents`` (64), ``max_tools`` (64), and ``clusters``: an
 argument clusterer (``anchorage.policies.tool_clusters``) or None for tool names only.
+
+Tuning parameters (what the operator tunes; meanings, ranges and formulas in the
+``group_eviction`` spec, "Tuning parameters"): ``survival_threshold`` ([0, 1], default 0:
+off), ``horizon_s`` (seconds > 0, default inf), ``recency_scale_s`` (seconds > 0, default
+None = inf: plain recency), ``r_min`` ([0, 1], default 0), ``prefetch`` (bool, default
+True), ``prefetch_rate_per_s`` (>= 0, default 4). ``make_policy("hybrid", block_size=16,
+horizon_s=120, ...)``; an unknown parameter is a TypeError, a value out of range a
+ValueError.
 """
 
 from __future__ import annotations

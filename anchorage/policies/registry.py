@@ -8,6 +8,7 @@ Modules are discovered on first use, so adding a policy is adding one file.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable, Sequence
 
 from anchorage.policies.base import EvictionPolicy, RequestContext
@@ -64,14 +65,26 @@ def is_offline(name: str) -> bool:
 
 def make_policy(name: str, *, block_size: int = 16,
                 contexts: Sequence[RequestContext] | None = None,
-                params: dict[str, Any] | None = None) -> EvictionPolicy:
-    """Build a policy by name. Offline policies (``belady``...) need ``contexts``."""
+                params: dict[str, Any] | None = None, **kwargs: Any) -> EvictionPolicy:
+    """Build a policy by name. Offline policies (``belady``...) need ``contexts``.
+    Parameters come as ``params`` or keyword arguments (both merged, keywords win); a
+    parameter the policy does not take is a TypeError naming it, a bad value a ValueError."""
     _load_builtins()
-    params = dict(params or {})
+    params = dict(params or {}, **kwargs)
     if name in _ONLINE:
-        return _ONLINE[name](block_size=block_size, **params)
+        return _call(name, _ONLINE[name], block_size=block_size, **params)
     if name in _OFFLINE:
         if contexts is None:
             raise ValueError(f"policy {name!r} reads the future: it needs the whole replay")
-        return _OFFLINE[name](contexts=contexts, block_size=block_size, **params)
+        return _call(name, _OFFLINE[name], contexts=contexts, block_size=block_size, **params)
     raise ValueError(f"unknown policy {name!r}; known: {', '.join(policy_names())}")
+
+
+def _call(name: str, factory: Callable[..., EvictionPolicy], **params: Any) -> EvictionPolicy:
+    try:
+        return factory(**params)
+    except TypeError as e:
+        m = re.search(r"unexpected keyword argument '(\w+)'", str(e))
+        if m:
+            raise TypeError(f"policy {name!r} does not accept parameter {m.group(1)!r}") from None
+        raise

@@ -47,6 +47,7 @@ class TransitionLearner:
         self.total = 0.0
         self._reach_memo: dict[tuple, tuple[float, float]] = {}
         self._memo_total = 0.0
+        self._r_memo: tuple[float, float] | None = None
 
     # -- learning -------------------------------------------------------------------------
 
@@ -175,6 +176,13 @@ class TransitionLearner:
         if h_marg <= 1e-12:
             return 0.0
         return max(0.0, 1.0 - h_cond / h_marg)
+
+    def predictability_fast(self) -> float:
+        """``predictability`` memoised until the counts grow by more than ~3 %."""
+        memo = self._r_memo
+        if memo is None or self.total - memo[0] > 1 + memo[0] / 32 or self.total < memo[0]:
+            memo = self._r_memo = (self.total, self.predictability())
+        return memo[1]
 
     def state_size_bytes(self) -> int:
         nz = sum(len(r) for r in self._rows.values())
