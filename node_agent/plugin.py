@@ -1,14 +1,25 @@
 """The ``vllm.general_plugins`` entry point: Anchorage eviction policies inside vLLM.
 
-``ANCHORAGE_POLICY`` names the policy (any online policy of
-``anchorage.policies.registry``: ``lru``, ``hybrid``, ``cachescout``, ``cachewise``...).
-Unset, empty or ``off`` leaves vLLM exactly stock: nothing is patched. On an unsupported
-vLLM version, an unexpected internal shape, an unknown or offline-only policy, the plugin
-logs one warning and vLLM stays stock.
+``ANCHORAGE_POLICY`` switches the plugin on and names the default policy (any online
+policy of ``anchorage.policies.registry``: ``lru``, ``hybrid``, ``cachescout``,
+``cachewise``...). Unset, empty or ``off`` leaves vLLM exactly stock: nothing is patched
+and ``ANCHORAGE_CONFIG`` is not read. On an unsupported vLLM version, an unexpected
+internal shape, an unknown or offline-only policy, the plugin logs one warning and vLLM
+stays stock.
+
+``ANCHORAGE_CONFIG`` (the operator's ConfigMap mount, ``anchorage.yaml``) gives the
+policy's parameters, and its name when the file names one (precedence and format:
+``anchorage.node_agent.config``); it is read here at start and re-read by each
+policy-driven block pool when it changes (``anchorage.node_agent.reload``). A file that
+cannot be applied at start (bad YAML, unknown policy, parameters the policy rejects):
+one warning, ``ANCHORAGE_POLICY`` with its defaults, generation 0.
+
+``ANCHORAGE_SCHEDULER=prefix-aware`` (independent of the policy) makes the engine core use
+the prefix-aware admission scheduler (``anchorage.node_agent.scheduler``).
 
 vLLM calls ``register()`` in every process that loads general plugins (engine core,
 workers, front end) and possibly several times; it is idempotent, and only the engine
-core builds a ``BlockPool``, which is where the policy attaches.
+core builds a ``BlockPool`` and a scheduler, which is where Anchorage attaches.
 """
 
 from __future__ import annotations
@@ -16,19 +27,43 @@ from __future__ import annotations
 import logging
 import os
 
-log = logging.getLogger("anchorage.node_agent")
+from anchorage.node_agent.config import (ENV_CONFIG, ENV_POLICY, OFF, ConfigWatcher,  # noqa: F401
+                                         PolicyConfig, check_interval_s, env_policy)
 
-ENV_POLICY = "ANCHORAGE_POLICY"
-OFF = ("", "off", "none", "stock")
+log = logging.getLogger("anchorage.node_agent")
 
 
 def configured_policy() -> str | None:
-    name = os.environ.get(ENV_POLICY, "").strip().lower()
-    return None if name in OFF else name
+    return env_policy()
+
+
+def startup_config(name: str) -> tuple[PolicyConfig, ConfigWatcher | None]:
+    """The policy config in force at start (``name``: ``ANCHORAGE_POLICY``) and the file's
+    watcher (None without ``ANCHORAGE_CONFIG``). Never raises."""
+    path = os.environ.get(ENV_CONFIG, "").strip()
+    cfg = PolicyConfig(name)
+    if not path:
+        return cfg, None
+    watcher = ConfigWatcher(path, name, check_interval_s())
+    loaded = watcher.load()
+    if loaded is not None:
+        from anchorage.policies.registry import make_policy
+
+        try:  # the parameters are checked by building the policy once
+            make_policy(loaded.name, params=loaded.params)
+        except (TypeError, ValueError) as exc:
+            watcher.warn_rejected(f"policy {loaded.name!r} rejects its parameters "
+                                  f"{sorted(loaded.params)}: {exc}")
+        else:
+            cfg = loaded
+    return cfg, watcher
 
 
 def register() -> bool:
     """Entry point. Returns True when the engine's block pool will be policy-driven."""
+    from anchorage.node_agent import scheduler
+
+    scheduler.register()
     name = configured_policy()
     if name is None:
         return False
@@ -48,6 +83,10 @@ def register() -> bool:
     if reason is not None:
         log.warning("anchorage: %s; vLLM stays stock", reason)
         return False
-    vllm_block_pool.install(name)
-    log.info("anchorage: eviction policy %r drives vLLM's block pool", name)
+    cfg, watcher = startup_config(name)
+    vllm_block_pool.install(cfg.name, cfg.params)
+    vllm_block_pool._config.update(generation=cfg.generation, startup=cfg, watcher=watcher)
+    log.info("anchorage: eviction policy %r drives vLLM's block pool (%s, generation %d)",
+             cfg.name, "parameters " + str(cfg.params) if cfg.params else "default parameters",
+             cfg.generation)
     return True

@@ -299,7 +299,7 @@ def unsupported_reason() -> str | None:
 
 def install(policy: str | None, params: dict[str, Any] | None = None) -> None:
     """Patch the classes (once) and set the policy new pools get (None: none)."""
-    _config["policy"], _config["params"] = policy, params
+    _config.update(policy=policy, params=params, generation=0, startup=None, watcher=None)
     if _ORIG:
         return
     from vllm.v1.core.block_pool import BlockPool
@@ -357,6 +357,13 @@ def _init(self, *args: Any, **kwargs: Any) -> None:
             driver = attach(self, policy)
             if os.environ.get(ENV_STATE_DIR):
                 _start_exporter(self, driver, policy)
+        if _config.get("watcher") is not None:  # ANCHORAGE_CONFIG: node_agent/reload.py
+            import copy
+
+            from anchorage.node_agent.reload import PolicyReloader
+
+            self._anchorage_reloader = PolicyReloader(self, copy.copy(_config["watcher"]),
+                                                      _config["startup"])
     except Exception:
         STATS.errors += 1
         log.warning("anchorage: cannot start policy %r; vLLM stays stock", _config["policy"],
@@ -454,6 +461,9 @@ def _reset_prefix_cache(self) -> bool:
 
 
 def _get_computed_blocks(self, request):
+    r = getattr(self.block_pool, "_anchorage_reloader", None)
+    if r is not None:  # a changed ANCHORAGE_CONFIG is applied here, between allocations
+        r.maybe_reload()
     d = _driver(self.block_pool)
     if d is not None:
         d.begin(request)

@@ -12,6 +12,17 @@ keeps anything from starving: the priority is
 (smaller first; ties by arrival). With the default ``aging_s_per_block = 0.05`` a request
 gains one block of priority per 50 ms waited, so a 2,000-block prompt is admitted before
 fresh small ones after 100 s at most. Pure function of its inputs; O(n log n).
+
+Aging bound (what makes starvation impossible): all requests age at the same rate, so
+at any instant request ``r`` precedes every request ``s`` that arrived more than
+``aging_s_per_block * a_r`` seconds after it (``a_s >= 0``). Hence once ``r`` has waited
+``overtake_window_s(a_r) <= aging_s_per_block * blocks(prompt_r)`` seconds, no newcomer is
+ever placed before it: ``r`` waits at most that window plus the service of the finitely
+many requests that arrived before the window closed.
+
+In the engine (``anchorage.node_agent.scheduler``) ``a_i`` is recomputed from vLLM's
+prefix cache at every scheduling step; requests vLLM must resume first (preempted, or
+waiting on something other than a free slot) keep their place ahead of the rest.
 """
 
 from __future__ import annotations
@@ -35,3 +46,11 @@ def admission_order(waiting: Sequence[T], new_blocks: Callable[[T], int],
               arrival_s(r), i, r) for i, r in enumerate(waiting)]
     keyed.sort(key=lambda x: x[:3])
     return [x[3] for x in keyed]
+
+
+def overtake_window_s(new_blocks: int, aging_s_per_block: float = 0.05) -> float:
+    """Requests arriving more than this many seconds after a request needing ``new_blocks``
+    new blocks are never ordered before it (the aging bound of the specification)."""
+    if aging_s_per_block <= 0:
+        raise ValueError("aging_s_per_block must be positive")
+    return max(0, new_blocks) * aging_s_per_block

@@ -1,0 +1,159 @@
+"""Applying a changed ``ANCHORAGE_CONFIG`` inside the engine: a fresh policy, swapped in safely.
+
+Specification
+-------------
+One ``PolicyReloader`` per policy-driven ``BlockPool`` (built by the block-pool patch when
+``ANCHORAGE_CONFIG`` is set). ``maybe_reload()`` is called at the start of every
+scheduling attempt (``KVCacheManager.get_computed_blocks``, before the request's prefix
+lookup), never per block; it costs one clock read and one comparison unless the check
+interval (``ANCHORAGE_CONFIG_CHECK_S``, default 5 s) has passed, and then one ``stat``
+unless the file changed (``node_agent.config.ConfigWatcher``).
+
+When the file changed and parses (``node_agent.config``):
+
+- same policy and parameters, new generation: the generation in force changes, nothing else;
+- otherwise a fresh policy ``make_policy(name, block_size=<pool's>, params=<params>)`` is
+  built; if the policy rejects the parameters (``TypeError``/``ValueError``), one warning
+  and the previous policy and generation stay in force.
+
+The swap (``migrate``) happens there, at the start of a scheduling attempt: the pool is
+consistent (no allocation or free is in progress) and this is the same point where a new
+request reaches the policy. The new policy starts from the pool's present state, as at an
+engine start whose cache is already warm:
+
+1. it is told of every request the engine still has in flight (``on_request`` with the
+   same contexts), so their later hits, caches, frees and completions are its own;
+2. every cached block (free or in use) is announced with ``on_cached`` under an anonymous
+   context (a request-less group: blocks filled before the swap), then the cached *free*
+   blocks with ``on_freed`` in vLLM's free-queue order (oldest first), so the new policy
+   starts from vLLM's LRU order and re-groups a block when a request hits it;
+3. the node state, the snapshot exporter (now reading the new policy) and the error
+   counters carry over; the exporter reports the new generation and policy name.
+
+What the old policy learned (gap histograms, transitions, fingerprints) is not carried:
+a parameter change restarts learning. The swap walks the block table once (O(blocks),
+milliseconds for 10^5 blocks), only when a config is applied. Any exception during the
+swap: one warning, the old driver stays attached, the generation in force is unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable
+
+from anchorage.node_agent.config import ConfigWatcher, PolicyConfig
+
+log = logging.getLogger("anchorage.node_agent")
+
+
+def migrate(pool: Any, policy: Any, old: Any = None) -> Any:
+    """Attach ``policy`` to ``pool`` in place of driver ``old`` (or of none) and return the
+    new ``PolicyDriver`` (see the module's specification)."""
+    from anchorage.node_agent.request_context import anonymous_context
+    from anchorage.node_agent.vllm_block_pool import PolicyDriver
+
+    new = PolicyDriver(pool, policy)
+    if old is not None:
+        new.state, new.exporter, new.errors = old.state, old.exporter, old.errors
+        new._decisions = old._decisions
+        for rid, c in old.contexts.items():
+            new.contexts[rid] = c
+            new.notify(policy.on_request, c)
+    ids, keys = [], []
+    for b in pool.blocks:
+        if b.block_hash is not None and not b.is_null:
+            ids.append(b.block_id)
+            keys.append(b.block_hash)
+    anon = anonymous_context()
+    if ids:
+        new.notify(policy.on_cached, anon, ids, keys, 0)
+    q = pool.free_block_queue
+    free = []
+    blk = q.fake_free_list_head.next_free_block
+    while blk is not q.fake_free_list_tail:
+        if blk.block_hash is not None:
+            free.append(blk.block_id)
+        blk = blk.next_free_block
+    if free:
+        new.notify(policy.on_freed, anon, free)
+    pool._anchorage_driver = new
+    return new
+
+
+class PolicyReloader:
+    """Watches ``ANCHORAGE_CONFIG`` for one pool and applies new versions (never raises)."""
+
+    def __init__(self, pool: Any, watcher: ConfigWatcher, current: PolicyConfig,
+                 clock: Callable[[], float] = time.monotonic):
+        self.pool = pool
+        self.watcher = watcher
+        self.current = current
+        self.clock = clock
+        self.applied = 0  # configs applied after the start (policy rebuilt or generation)
+        exporter = getattr(self._driver(), "exporter", None)
+        if exporter is not None:
+            exporter.config_generation = self.generation
+            exporter.policy_name = current.name
+
+    def generation(self) -> int:
+        return self.current.generation
+
+    def _driver(self) -> Any:
+        return getattr(self.pool, "_anchorage_driver", None)
+
+    def maybe_reload(self) -> bool:
+        """True when a new config was put in force by this call."""
+        now = self.clock()
+        if not self.watcher.due(now):
+            return False
+        try:
+            cfg = self.watcher.poll(now)
+            if cfg is None or cfg == self.current:
+                return False
+            return self.apply(cfg)
+        except Exception as exc:  # noqa: BLE001 - never break serving for a config
+            log.warning("anchorage: config %s not applied (%s: %s); the previous config "
+                        "stays in force", self.watcher.path, exc.__class__.__name__, exc,
+                        exc_info=True)
+            return False
+
+    def apply(self, cfg: PolicyConfig) -> bool:
+        old = self._driver()
+        if old is not None and cfg.name == self.current.name and cfg.params == self.current.params:
+            self.current = cfg
+            self.applied += 1
+            log.info("anchorage: config %s generation %d in force (same policy %r and "
+                     "parameters)", self.watcher.path, cfg.generation, cfg.name)
+            return True
+        from anchorage.policies.registry import make_policy
+
+        try:
+            policy = make_policy(cfg.name, block_size=self.pool.hash_block_size,
+                                 params=cfg.params)
+        except (TypeError, ValueError) as exc:
+            self.watcher.warn_rejected(f"policy {cfg.name!r} rejects its parameters "
+                                       f"{sorted(cfg.params)}: {exc}")
+            return False
+        try:
+            new = migrate(self.pool, policy, old)
+        except Exception as exc:  # noqa: BLE001
+            self.pool._anchorage_driver = old
+            self.watcher.warn_rejected(f"swapping in the new policy failed: "
+                                       f"{exc.__class__.__name__}: {exc}")
+            return False
+        if new.exporter is not None:
+            new.exporter.source = policy
+            new.exporter.policy_name = cfg.name
+            new.exporter.config_generation = self.generation
+            if cfg.name != self.current.name:
+                from anchorage.node_agent.state import block_pool_stats
+
+                new.exporter.stats = block_pool_stats(cfg.name)
+        prev = self.current
+        self.current = cfg
+        self.applied += 1
+        log.info("anchorage: config %s generation %d in force: policy %r with %s (was %r "
+                 "generation %d)", self.watcher.path, cfg.generation, cfg.name,
+                 cfg.params or "its defaults", prev.name, prev.generation)
+        return True

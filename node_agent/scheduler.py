@@ -1,0 +1,281 @@
+"""Prefix-aware admission in vLLM 0.32 (CacheWise section 5.1): a ``Scheduler`` subclass.
+
+``ANCHORAGE_SCHEDULER=prefix-aware`` (unset, empty, ``off`` or ``fcfs``: stock) makes the
+engine core build ``PrefixAwareScheduler`` (or ``PrefixAwareAsyncScheduler`` when vLLM
+chose async scheduling) through vLLM's own ``SchedulerConfig.scheduler_cls`` setting: the
+plugin fills that setting, when it is empty, at the moment vLLM resolves it
+(``SchedulerConfig.get_scheduler_cls``, in the engine core). Either class may also be
+named directly: ``--scheduler-cls anchorage.node_agent.scheduler.PrefixAwareScheduler``.
+A ``--scheduler-cls`` the operator set explicitly wins (one warning).
+
+Behaviour: before each ``schedule()`` step, the waiting queue is reordered by
+``anchorage.policies.admission.admission_order``: fewest new (uncached) blocks first,
+``a_i = ceil(num_tokens_i / block_size) - (leading prompt blocks in vLLM's prefix
+cache)``, aged by ``ANCHORAGE_ADMISSION_AGING_S`` seconds per block (default 0.05; the
+aging bound is stated there). Then vLLM's own ``schedule()`` runs unchanged: it takes
+waiting requests from the head as budget allows, so this changes the admission order and
+nothing else. Requests that stock vLLM must resume first (preempted, already computed
+tokens, or in a blocked status such as waiting for remote KV) keep their order at the
+head; only the first ``ANCHORAGE_ADMISSION_WINDOW`` (default 128) fresh requests are
+reordered, the rest stay FCFS behind them.
+
+Cost per step: O(n log n) for the n reordered requests plus the prefix lookups, which are
+incremental (a request's last hit count is re-validated with two dictionary lookups and
+extended; a full walk only after one of its blocks was evicted).
+
+Stays stock (one warning, the class behaves exactly as vLLM's) when vLLM is not 0.32.x or
+an internal shape is unexpected: priority scheduling (``--scheduling-policy priority``),
+no prefix caching, several KV-cache groups, a waiting queue that is not vLLM's FCFS deque,
+a missing attribute. Any exception while reordering: the queue is left as it was for
+that step, counted (``errors``), one warning; after 100 errors reordering stops.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+log = logging.getLogger("anchorage.node_agent")
+
+ENV_SCHEDULER = "ANCHORAGE_SCHEDULER"
+ENV_AGING = "ANCHORAGE_ADMISSION_AGING_S"
+ENV_WINDOW = "ANCHORAGE_ADMISSION_WINDOW"
+PREFIX_AWARE = "prefix-aware"
+STOCK = ("", "off", "none", "stock", "fcfs")
+SUPPORTED_PREFIX = "0.32."
+SYNC_PATH = f"{__name__}.PrefixAwareScheduler"
+ASYNC_PATH = f"{__name__}.PrefixAwareAsyncScheduler"
+MAX_ERRORS = 100
+
+_ORIG: dict[str, Any] = {}
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, msg: str, *args: Any) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        log.warning(msg, *args)
+
+
+def configured() -> str | None:
+    """``ANCHORAGE_SCHEDULER`` normalised; None for stock."""
+    v = os.environ.get(ENV_SCHEDULER, "").strip().lower()
+    return None if v in STOCK else v
+
+
+def _env_float(name: str, default: float, positive: bool = True) -> float:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        v = float(raw)
+        if positive and not v > 0:
+            raise ValueError
+        return v
+    except ValueError:
+        _warn_once(name, "anchorage: %s=%r is not a positive number; using %g", name, raw,
+                   default)
+        return default
+
+
+def unsupported_reason() -> str | None:
+    try:
+        import vllm
+        from vllm.config.scheduler import SchedulerConfig
+        from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id  # noqa: F401
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: F401
+        from vllm.v1.core.sched.request_queue import FCFSRequestQueue  # noqa: F401
+        from vllm.v1.core.sched.scheduler import Scheduler
+    except Exception as exc:  # noqa: BLE001 - any import failure means "stay stock"
+        return f"vLLM's v1 scheduler cannot be imported ({exc.__class__.__name__}: {exc})"
+    version = getattr(vllm, "__version__", "?")
+    if not str(version).startswith(SUPPORTED_PREFIX):
+        return f"vLLM {version} is not a supported version ({SUPPORTED_PREFIX}x)"
+    if not callable(getattr(SchedulerConfig, "get_scheduler_cls", None)):
+        return f"vLLM {version}: SchedulerConfig.get_scheduler_cls is missing"
+    if not callable(getattr(Scheduler, "schedule", None)):
+        return f"vLLM {version}: Scheduler.schedule is missing"
+    return None
+
+
+def register() -> bool:
+    """Called by the plugin's entry point: True when new engines get the prefix-aware
+    scheduler (idempotent)."""
+    mode = configured()
+    if mode is None:
+        return False
+    if mode != PREFIX_AWARE:
+        _warn_once(f"mode:{mode}", "anchorage: %s=%r is not a scheduler (known: %s); vLLM's "
+                   "stock scheduler", ENV_SCHEDULER, mode, PREFIX_AWARE)
+        return False
+    reason = unsupported_reason()
+    if reason is not None:
+        _warn_once("unsupported", "anchorage: %s; vLLM's stock scheduler", reason)
+        return False
+    if not _ORIG:
+        from vllm.config.scheduler import SchedulerConfig
+
+        _ORIG["get_scheduler_cls"] = SchedulerConfig.get_scheduler_cls
+        SchedulerConfig.get_scheduler_cls = _get_scheduler_cls
+    return True
+
+
+def _get_scheduler_cls(self: Any) -> Any:
+    """``SchedulerConfig.get_scheduler_cls``: fills the empty ``scheduler_cls`` setting with
+    the prefix-aware class while ``ANCHORAGE_SCHEDULER=prefix-aware``."""
+    if configured() == PREFIX_AWARE:
+        if self.scheduler_cls is None:
+            self.scheduler_cls = ASYNC_PATH if self.async_scheduling else SYNC_PATH
+        elif self.scheduler_cls not in (SYNC_PATH, ASYNC_PATH):
+            _warn_once("explicit", "anchorage: %s=%s ignored: the engine's scheduler_cls is "
+                       "set to %s", ENV_SCHEDULER, PREFIX_AWARE, self.scheduler_cls)
+    return _ORIG["get_scheduler_cls"](self)
+
+
+# -- the adapter (vLLM Request <-> admission_order) ----------------------------------------
+
+
+class PrefixAwareMixin:
+    """Reorders ``self.waiting`` before vLLM's ``schedule()``. Mixed into vLLM's
+    ``Scheduler`` / ``AsyncScheduler`` (see ``__getattr__`` below)."""
+
+    def _anchorage_init(self) -> None:
+        self.anchorage_enabled = False
+        self.anchorage_errors = 0
+        self.anchorage_reorders = 0  # steps whose admission order differed from FCFS
+        self.anchorage_aging_s = _env_float(ENV_AGING, 0.05)
+        self.anchorage_window = int(_env_float(ENV_WINDOW, 128))
+        self._anchorage_hits: dict[str, int] = {}
+        reason = self._anchorage_unsupported()
+        if reason is not None:
+            _warn_once(f"shape:{reason}", "anchorage: prefix-aware admission off (%s); "
+                       "vLLM's stock scheduling order", reason)
+            return
+        from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
+
+        pool = self.kv_cache_manager.block_pool
+        self._anchorage_lookup = pool.cached_block_hash_to_block.get_one_block
+        self._anchorage_key = make_block_hash_with_group_id
+        self._anchorage_bs = int(pool.hash_block_size)
+        self.anchorage_enabled = True
+        log.info("anchorage: prefix-aware admission (aging %g s per block, window %d)",
+                 self.anchorage_aging_s, self.anchorage_window)
+
+    def _anchorage_unsupported(self) -> str | None:
+        from vllm.v1.core.sched.request_queue import FCFSRequestQueue, SchedulingPolicy
+
+        if getattr(self, "policy", None) is not SchedulingPolicy.FCFS:
+            return f"scheduling policy {getattr(self, 'policy', None)!r} is not FCFS"
+        if type(getattr(self, "waiting", None)) is not FCFSRequestQueue:
+            return "the waiting queue is not vLLM's FCFS deque"
+        kvm = getattr(self, "kv_cache_manager", None)
+        if kvm is None or not getattr(kvm, "enable_caching", False):
+            return "prefix caching is off"
+        groups = getattr(getattr(self, "kv_cache_config", None), "kv_cache_groups", None)
+        if groups is None or len(groups) != 1:
+            return f"{len(groups) if groups is not None else 'unknown'} KV-cache groups (1 supported)"
+        pool = getattr(kvm, "block_pool", None)
+        if pool is None or not callable(getattr(getattr(pool, "cached_block_hash_to_block",
+                                                        None), "get_one_block", None)):
+            return "BlockPool.cached_block_hash_to_block.get_one_block is missing"
+        if not isinstance(getattr(pool, "hash_block_size", None), int):
+            return "BlockPool.hash_block_size is missing"
+        return None
+
+    def _anchorage_new_blocks(self, request: Any) -> int:
+        hashes = request.block_hashes
+        n = len(hashes)
+        lookup, key = self._anchorage_lookup, self._anchorage_key
+        if getattr(request, "skip_reading_prefix_cache", False):
+            return -(-request.num_tokens // self._anchorage_bs)  # vLLM will not read the cache
+        k = self._anchorage_hits.get(request.request_id, 0)
+        if k > n or (k > 0 and lookup(key(hashes[k - 1], 0)) is None):
+            k = 0  # a block of the known hit left the cache: walk again
+        while k < n and lookup(key(hashes[k], 0)) is not None:
+            k += 1
+        self._anchorage_hits[request.request_id] = k
+        bs = self._anchorage_bs
+        return -(-request.num_tokens // bs) - k
+
+    def _anchorage_reorder(self) -> None:
+        from vllm.v1.request import RequestStatus
+
+        from anchorage.policies.admission import admission_order
+
+        q = self.waiting
+        if len(q) < 2:
+            if not q:
+                self._anchorage_hits.clear()
+            return
+        head: list = []  # requests stock must resume first: their order is kept
+        fresh: list = []
+        rest: list = []
+        window = self.anchorage_window
+        for r in q:
+            if r.status is not RequestStatus.WAITING or r.num_computed_tokens:
+                head.append(r)
+            elif len(fresh) < window:
+                fresh.append(r)
+            else:
+                rest.append(r)
+        if len(fresh) < 2:
+            return
+        order = admission_order(fresh, self._anchorage_new_blocks,
+                                lambda r: r.arrival_time, time.time(),
+                                self.anchorage_aging_s)
+        if any(a is not b for a, b in zip(order, fresh)):
+            self.anchorage_reorders += 1
+        new = head + order + rest
+        if any(a is not b for a, b in zip(new, q)):
+            q.clear()
+            q.extend(new)
+        if len(self._anchorage_hits) > 4 * window:
+            live = {r.request_id for r in fresh}
+            self._anchorage_hits = {k: v for k, v in self._anchorage_hits.items() if k in live}
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        if self.anchorage_enabled:
+            try:
+                self._anchorage_reorder()
+            except Exception:  # noqa: BLE001 - the queue is intact: stock order this step
+                self.anchorage_errors += 1
+                if self.anchorage_errors == 1:
+                    log.warning("anchorage: prefix-aware reordering failed; stock order for "
+                                "this step", exc_info=True)
+                if self.anchorage_errors >= MAX_ERRORS:
+                    self.anchorage_enabled = False
+                    log.warning("anchorage: prefix-aware admission off after %d errors",
+                                self.anchorage_errors)
+        return super().schedule(*args, **kwargs)
+
+
+_CLASSES: dict[str, type] = {}
+
+
+def _classes() -> dict[str, type]:
+    if not _CLASSES:
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+        from vllm.v1.core.sched.scheduler import Scheduler
+
+        def make(base: type, name: str) -> type:
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                base.__init__(self, *args, **kwargs)
+                self._anchorage_init()
+
+            return type(name, (PrefixAwareMixin, base),
+                        {"__init__": __init__, "__module__": __name__,
+                         "__doc__": f"vLLM's {base.__name__} with prefix-aware admission."})
+
+        _CLASSES["PrefixAwareScheduler"] = make(Scheduler, "PrefixAwareScheduler")
+        _CLASSES["PrefixAwareAsyncScheduler"] = make(AsyncScheduler, "PrefixAwareAsyncScheduler")
+    return _CLASSES
+
+
+def __getattr__(name: str) -> Any:
+    """``PrefixAwareScheduler`` / ``PrefixAwareAsyncScheduler``, built on first access so
+    that importing this module never imports vLLM."""
+    if name in ("PrefixAwareScheduler", "PrefixAwareAsyncScheduler"):
+        return _classes()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
