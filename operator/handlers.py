@@ -4,7 +4,9 @@ one ``reconcile`` pass; the result is patched into ``status`` and posted as Even
 Run with ``anchorage operator`` (or ``kopf run -m anchorage.operator.handlers``). Several
 replicas may run: kopf peering (``--peering``, default ``anchorage``) keeps one active.
 Environment: ``ANCHORAGE_OPERATOR_INTERVAL_S`` (timer period, default 15 s),
-``ANCHORAGE_OPERATOR_METRICS_PORT`` (the operator's own /metrics; unset or 0: not served).
+``ANCHORAGE_OPERATOR_METRICS_PORT`` (the operator's own /metrics; unset or 0: not served),
+``ANCHORAGE_OPERATOR_PEERING_LIFETIME_S`` (how long a silent peer counts as alive, i.e. how
+soon a standby replica takes over from a killed active one; kopf's default 60 s).
 """
 
 from __future__ import annotations
@@ -47,6 +49,10 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     if port:
         op_metrics.serve(port, os.environ.get("ANCHORAGE_OPERATOR_METRICS_HOST", "127.0.0.1"))
     settings.posting.level = 20  # INFO and above become Events
+    lifetime = os.environ.get("ANCHORAGE_OPERATOR_PEERING_LIFETIME_S")
+    if lifetime:
+        # keep-alives are sent every max(1, lifetime - 5..10) s, so >= 2 s leaves a margin
+        settings.peering.lifetime = max(2, int(float(lifetime)))
     settings.watching.server_timeout = 60
 
 

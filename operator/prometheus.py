@@ -6,8 +6,8 @@ Series (``sel`` is ``spec.metrics.selector``, ``w`` the window):
     queries  sum(rate({__name__=~"<query names>", sel}[w]))
     waiting  sum(avg_over_time({__name__=~"<waiting names>", sel}[w]))
     kv       avg(avg_over_time({__name__=~"<kv names>", sel}[w]))
-    soon     sum(rate({__name__=~"anchorage_evictions_reused_soon_total|
-                                   anchorage_evictions_reused_total", sel}[w]))
+    soon     sum(rate({__name__=~"anchorage_evictions_reused_total|
+                                   anchorage_evictions_reused_soon_total", sel}[w]))
 
 with the vLLM names and the Ray Serve LLM variants (``ray_vllm:``/``ray_vllm_`` prefixes).
 Any transport error, non-success answer or non-numeric sample raises ``MetricsError``.
@@ -22,9 +22,12 @@ import httpx
 
 from anchorage.autoscale.signals import FleetSignals, MetricsError
 
-# Evicted blocks requested again soon after (docs/metrics.md names the node agent's series
-# anchorage_evictions_reused_total; both names are read).
-EVICTIONS_REUSED_SOON = "anchorage_evictions_reused_soon_total|anchorage_evictions_reused_total"
+# Evicted blocks requested again soon after. The contract (docs/metrics.md, issue 4's
+# "evictions by reason") and the node agent's exporter name is the first; the second is an
+# early name some exporters used, still read for compatibility.
+EVICTIONS_REUSED = "anchorage_evictions_reused_total"
+EVICTIONS_REUSED_LEGACY = "anchorage_evictions_reused_soon_total"
+EVICTIONS_REUSED_SOON = f"{EVICTIONS_REUSED}|{EVICTIONS_REUSED_LEGACY}"
 
 
 def _names(*bases: str) -> str:

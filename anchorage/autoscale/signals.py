@@ -8,7 +8,7 @@ window ``w``, summed over the target's replicas):
   ``None`` when nothing was queried in the window (no traffic: no evidence either way).
 - ``queue_depth``: mean vllm:num_requests_waiting per replica.
 - ``kv_usage``: mean vllm:kv_cache_usage_perc (0..1) over replicas.
-- ``capacity_miss_rate``: rate(anchorage_evictions_reused_soon_total) * block_size /
+- ``capacity_miss_rate``: rate(anchorage_evictions_reused_total) * block_size /
   rate(queries): the fraction of queried tokens that missed because their block had been
   evicted shortly before (the node agent's ghost list). This is the part of the hit-rate
   shortfall that more KV capacity (more replicas) recovers. 0 when the series is absent.

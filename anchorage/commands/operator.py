@@ -23,6 +23,9 @@ def register(sub) -> None:
     p.add_argument("--standalone", action="store_true", help="no peering (a single replica)")
     p.add_argument("--priority", type=int, default=None,
                    help="kopf peering priority (default: random, so one replica is active)")
+    p.add_argument("--peering-lifetime-s", type=float, default=None,
+                   help="seconds a silent peer still counts as alive: a standby replica takes "
+                        "over this long after the active one dies (default 60)")
     p.add_argument("--interval-s", type=float, default=None,
                    help="reconcile timer period in seconds (default 15)")
     p.add_argument("--liveness", default=None,
@@ -43,6 +46,10 @@ def run(args) -> int:
         if args.interval_s <= 0:
             raise CLIError("--interval-s must be positive")
         os.environ["ANCHORAGE_OPERATOR_INTERVAL_S"] = str(args.interval_s)
+    if args.peering_lifetime_s is not None:
+        if args.peering_lifetime_s < 2:
+            raise CLIError("--peering-lifetime-s must be at least 2 (seconds)")
+        os.environ["ANCHORAGE_OPERATOR_PEERING_LIFETIME_S"] = str(args.peering_lifetime_s)
     if args.metrics_port < 0:
         raise CLIError("--metrics-port must be >= 0")
     os.environ["ANCHORAGE_OPERATOR_METRICS_PORT"] = str(args.metrics_port)

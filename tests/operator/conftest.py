@@ -11,7 +11,9 @@ from tests.conftest import need
 def exporters():
     from tests.support.prometheus import VLLMExporter
 
-    exps = [VLLMExporter(), VLLMExporter()]
+    # one exporter per metric name the operator reads for premature evictions: the contract's
+    # (the node agent's) and the earlier one kept for compatibility
+    exps = [VLLMExporter(), VLLMExporter(evictions_reused="anchorage_evictions_reused_soon")]
     yield exps
     for e in exps:
         e.close()
@@ -38,3 +40,36 @@ def cluster(tmp_path_factory):
     c = k8s.LocalCluster(tmp_path_factory.mktemp("k8s")).start()
     yield c
     c.stop()
+
+
+@pytest.fixture(scope="session")
+def kube_api(cluster):
+    """An ApiClient for the test cluster with the project's CRDs (manifests/crd/) established."""
+    import os
+
+    import urllib3
+    import yaml
+
+    from tests.operator.k8s_helpers import CRD_DIR, poll
+
+    urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)  # self-signed, loopback
+    os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
+    from kubernetes import client, config
+
+    config.load_kube_config(config_file=str(cluster.kubeconfig))
+    api = client.ApiClient()
+    ext = client.ApiextensionsV1Api(api)
+    for f in sorted(CRD_DIR.glob("*.yaml")):
+        for doc in yaml.safe_load_all(f.read_text()):
+            if doc:
+                ext.create_custom_resource_definition(doc)
+
+    def established():
+        for crd in ext.list_custom_resource_definition().items:
+            if not any(c.type == "Established" and c.status == "True"
+                       for c in (crd.status.conditions or [])):
+                return False
+        return True
+
+    poll(established, "CRDs established", 30)
+    return api

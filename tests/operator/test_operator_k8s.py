@@ -9,65 +9,29 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.operator.k8s_helpers import G, P, V, poll
+from tests.operator.k8s_helpers import deployment as _deployment
+
 os.environ["ANCHORAGE_OPERATOR_INTERVAL_S"] = "1"
 
-REPO = Path(__file__).resolve().parents[2]
-CRD_DIR = REPO / "manifests" / "crd"
 NS = "anchorage-test"
-G, V, P = "anchorage.dev", "v1alpha1", "agentcachepolicies"
-
-
-def poll(fn, what: str, timeout_s: float = 90.0, every_s: float = 0.5):
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = fn()
-        except Exception as e:  # noqa: BLE001  (report the last error if it never settles)
-            last = e
-        else:
-            if last:
-                return last
-        time.sleep(every_s)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
 
 
 @pytest.fixture(scope="module")
-def kube(cluster):
-    import urllib3
+def kube(kube_api):
+    from kubernetes import client
 
-    urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)  # self-signed, loopback
-    os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
-    from kubernetes import client, config
-
-    config.load_kube_config(config_file=str(cluster.kubeconfig))
-    api = client.ApiClient()
-    ext = client.ApiextensionsV1Api(api)
-    for f in sorted(CRD_DIR.glob("*.yaml")):
-        for doc in yaml.safe_load_all(f.read_text()):
-            if doc:
-                ext.create_custom_resource_definition(doc)
-
-    def established():
-        for crd in ext.list_custom_resource_definition().items:
-            if not any(c.type == "Established" and c.status == "True"
-                       for c in (crd.status.conditions or [])):
-                return False
-        return True
-
-    poll(established, "CRDs established", 30)
-    client.CoreV1Api(api).create_namespace({"metadata": {"name": NS}})
-    co = client.CustomObjectsApi(api)
+    client.CoreV1Api(kube_api).create_namespace({"metadata": {"name": NS}})
+    co = client.CustomObjectsApi(kube_api)
     poll(lambda: co.create_cluster_custom_object(
         "kopf.dev", "v1", "clusterkopfpeerings",
         {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering",
          "metadata": {"name": "anchorage"}}), "peering object", 30)
-    return api
+    return kube_api
 
 
 def acp(name: str, target: str, prom_url: str, **spec_over) -> dict:
@@ -84,13 +48,7 @@ def acp(name: str, target: str, prom_url: str, **spec_over) -> dict:
 
 
 def deployment(name: str, replicas: int) -> dict:
-    labels = {"app": name}
-    return {"apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": name, "namespace": NS},
-            "spec": {"replicas": replicas, "selector": {"matchLabels": labels},
-                     "template": {"metadata": {"labels": labels},
-                                  "spec": {"containers": [{"name": "vllm",
-                                                           "image": "vllm/vllm-openai"}]}}}}
+    return _deployment(name, NS, replicas)
 
 
 def test_schema_rejects_invalid_and_applies_defaults(kube):

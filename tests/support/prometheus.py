@@ -46,11 +46,14 @@ def serve_text_format(registry, port: int = 0) -> ThreadingHTTPServer:
 
 class VLLMExporter:
     """Emits vllm:prefix_cache_{hits,queries}_total, vllm:num_requests_waiting,
-    vllm:kv_cache_usage_perc and anchorage_evictions_reused_soon_total; counters advance at
-    the rates last ``set`` (integrated at scrape time, so no background thread)."""
+    vllm:kv_cache_usage_perc and anchorage_evictions_reused_total (or, with
+    ``evictions_reused="anchorage_evictions_reused_soon"``, the earlier name the operator still
+    reads); counters advance at the rates last ``set`` (integrated at scrape time, so no
+    background thread)."""
 
-    def __init__(self, model: str = "test-model", prefix: str = "vllm:"):
-        self.model, self.prefix = model, prefix
+    def __init__(self, model: str = "test-model", prefix: str = "vllm:",
+                 evictions_reused: str = "anchorage_evictions_reused"):
+        self.model, self.prefix, self.evictions_reused = model, prefix, evictions_reused
         self._lock = threading.Lock()
         self._t = time.monotonic()
         self.hits = self.queries = self.soon = 0.0
@@ -82,7 +85,7 @@ class VLLMExporter:
             p = self.prefix
             for name, val in ((f"{p}prefix_cache_hits", self.hits),
                               (f"{p}prefix_cache_queries", self.queries),
-                              ("anchorage_evictions_reused_soon", self.soon)):
+                              (self.evictions_reused, self.soon)):
                 c = CounterMetricFamily(name, name, labels=labels)
                 c.add_metric([self.model], val)
                 yield c
