@@ -18,13 +18,27 @@ path). Block keys are vLLM's own block hashes with the KV-cache group id appende
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from anchorage.policies.base import RequestContext
 from anchorage.routing.metadata import from_extra_args
 
 GROUP0 = (0).to_bytes(4, "big")  # make_block_hash_with_group_id(h, 0) == h + GROUP0
+
+_clock: Callable[[], float] = time.monotonic
+
+
+def policy_clock() -> float:
+    """The policy clock in the engine: ``time.monotonic`` (replays set a trace clock)."""
+    return _clock()
+
+
+def set_clock(fn: Callable[[], float]) -> Callable[[], float]:
+    """Use ``fn`` as the policy clock from now on; returns the previous one."""
+    global _clock
+    prev, _clock = _clock, fn
+    return prev
 
 
 _FIELDS = ("agent", "tool_name", "tool_args", "warmup", "tenant")
@@ -85,7 +99,7 @@ def context_of(request: Any, group_suffix: bytes = GROUP0) -> RequestContext:
         keys=keys,
         input_length=num_prompt,
         output_length=max_tokens if isinstance(max_tokens, int) else 0,
-        now_s=time.monotonic(),
+        now_s=_clock(),
         session_id=_str(getattr(request, "session_id", None)),
         tenant=_str(args.get("tenant")),
         tool_name=_str(args.get("tool_name")),
@@ -97,4 +111,4 @@ def context_of(request: Any, group_suffix: bytes = GROUP0) -> RequestContext:
 
 def anonymous_context() -> RequestContext:
     """For frees the engine makes without a request in hand (deferred frees)."""
-    return RequestContext(request_id=None, keys=(), input_length=0, now_s=time.monotonic())
+    return RequestContext(request_id=None, keys=(), input_length=0, now_s=_clock())

@@ -40,7 +40,7 @@ from typing import Any, Callable
 
 from anchorage.policies.base import EvictionPolicy, RequestContext
 from anchorage.pool.block_pool import batch_victims
-from anchorage.node_agent.request_context import anonymous_context, context_of
+from anchorage.node_agent.request_context import anonymous_context, context_of, policy_clock
 
 log = logging.getLogger("anchorage.node_agent")
 
@@ -489,7 +489,8 @@ def _free(self, request) -> None:
     d = _driver(self.block_pool)
     if d is None:
         return _ORIG["KVCacheManager.free"](self, request)
-    d.current = d.ctx_for(request)
+    c = d.current = d.ctx_for(request)
+    c.now_s = policy_clock()  # blocks become free, and the request ends, now
     try:
         _ORIG["KVCacheManager.free"](self, request)
     finally:
