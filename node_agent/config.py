@@ -20,7 +20,8 @@ Precedence:
 3. Parameters are ``policy.parameters`` of the file, in the CRD's names, mapped to the
    policy's keyword arguments by ``anchorage.autoscale.params`` (``survivalThreshold`` ->
    ``survival_threshold``, ``rMin`` -> ``r_min``...; other names pass through unchanged).
-   The sidecar's keys (``warmup``, ``prefetch``...) are dropped here. No file, or a file
+   Everything passes through (the operator's tuning names included), except ``warmup``,
+   the sidecar's own warm-up overrides (``docs/node-agent.md``). No file, or a file
    without ``policy``: the policy's defaults, generation 0.
 
 A file that is not YAML, not a mapping, whose ``generation`` is not an integer, whose
@@ -49,9 +50,8 @@ ENV_CONFIG = "ANCHORAGE_CONFIG"
 ENV_CHECK_S = "ANCHORAGE_CONFIG_CHECK_S"
 OFF = ("", "off", "none", "stock")
 DEFAULT_CHECK_S = 5.0
-# policy.parameters the sidecar reads (warm-ups); never passed to the eviction policy
-SIDECAR_ONLY = frozenset({"warmup", "prefetch", "prefetchEnabled", "prefetchRatePerSecond",
-                          "prefetch_rate_per_s"})
+# policy.parameters only the sidecar reads (its warm-up overrides); not passed to the policy
+SIDECAR_ONLY = frozenset({"warmup"})
 
 
 class ConfigError(ValueError):
@@ -96,7 +96,7 @@ def policy_params(parameters: Any) -> dict[str, Any]:
     if not isinstance(parameters, dict):
         raise ConfigError(f"policy.parameters must be a mapping, not {type(parameters).__name__}")
     flat = {k: v for k, v in flatten(parameters).items() if k not in SIDECAR_ONLY}
-    return {k: v for k, v in policy_kwargs(flat).items() if k not in SIDECAR_ONLY}
+    return policy_kwargs(flat)
 
 
 def _check_name(name: str) -> str:

@@ -77,6 +77,7 @@ def migrate(pool: Any, policy: Any, old: Any = None) -> Any:
         blk = blk.next_free_block
     if free:
         new.notify(policy.on_freed, anon, free)
+    new.migrated = {"in_flight": len(new.contexts), "cached": len(ids), "free": len(free)}
     pool._anchorage_driver = new
     return new
 
@@ -154,6 +155,6 @@ class PolicyReloader:
         self.current = cfg
         self.applied += 1
         log.info("anchorage: config %s generation %d in force: policy %r with %s (was %r "
-                 "generation %d)", self.watcher.path, cfg.generation, cfg.name,
-                 cfg.params or "its defaults", prev.name, prev.generation)
+                 "generation %d; took over %s)", self.watcher.path, cfg.generation, cfg.name,
+                 cfg.params or "its defaults", prev.name, prev.generation, new.migrated)
         return True
