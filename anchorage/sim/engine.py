@@ -27,7 +27,17 @@ blocks filled by generated tokens are cached under fresh keys; a request that ha
 simulated time of each pool operation.
 
 Counters per admission: ``prefill_tokens`` (prompt plus resumed output) = ``hit_tokens``
-(prefix-cache hits) + ``computed_tokens`` (prefilled, i.e. recomputed).
+(prefix-cache hits) + ``host_hit_tokens`` (served from the host tier) + ``computed_tokens``
+(prefilled, i.e. recomputed).
+
+Host tier (optional, ``anchorage.tiering.sim``): a replica with ``tiering`` set calls its
+hooks: ``on_arrival`` (a request is queued), ``on_step`` (each step plan: due transfers),
+``order_waiting`` (admission priority), ``on_admit`` (blocks reloaded ahead of time count
+as host hits; the prompt's continuation held in host memory is reloaded before use: the
+request holds its blocks but is not scheduled until ``ready_s``) and ``on_turn_end``
+(a request completed: the offload decision). When every running request waits for a
+reload and nothing else can run, the step is an idle wait until the first is ready.
+Without ``tiering`` the replica behaves exactly as before.
 """
 
 from __future__ import annotations
@@ -49,7 +59,7 @@ class SimRequest:
                  "output_len", "num_computed", "num_output", "prefill_target", "alloc",
                  "first_token_s", "finish_s", "hit_tokens", "computed_tokens",
                  "prefill_tokens", "hit_blocks", "preemptions", "replica", "admitted_s",
-                 "index")
+                 "index", "host_hit_tokens", "host_hit_blocks", "ready_s")
 
     def __init__(self, ctx: RequestContext, arrival_s: float, *, session: Any = None,
                  next_gap_s: float | None = None, measured: bool = True, index: int = 0):
@@ -74,6 +84,9 @@ class SimRequest:
         self.preemptions = 0
         self.replica = -1
         self.admitted_s: float | None = None
+        self.host_hit_tokens = 0
+        self.host_hit_blocks = 0
+        self.ready_s = 0.0  # waits for a host-tier reload until then
 
 
 @dataclass
@@ -98,6 +111,8 @@ class ReplicaStats:
     busy_s: float = 0.0
     completed: int = 0
     rejected: int = 0
+    host_hit_blocks: int = 0
+    host_hit_tokens: int = 0
 
 
 def can_allocate(pool: BlockPool, ctx: RequestContext, num_tokens: int) -> bool:
@@ -132,6 +147,7 @@ class Replica:
         self.busy = False
         self.stats = ReplicaStats()
         self._blocked: tuple[SimRequest, int] | None = None  # (head, pool free epoch)
+        self.tiering: Any = None  # anchorage.tiering.sim.SimTiering, optional
         if not hasattr(pool, "sim_free_epoch"):
             pool.sim_free_epoch = 0  # counts releases: a blocked head can fit only after one
 
@@ -144,6 +160,8 @@ class Replica:
     def enqueue(self, req: SimRequest) -> None:
         req.replica = self.index
         self.waiting.append(req)
+        if self.tiering is not None:
+            self.tiering.on_arrival(req)
 
     @property
     def has_work(self) -> bool:
@@ -159,6 +177,7 @@ class Replica:
         req.num_computed = 0
         req.prefill_target = req.prompt_len + req.num_output
         req.preemptions += 1
+        req.ready_s = 0.0
         self.stats.preemptions += 1
         self.waiting.appendleft(req)
 
@@ -170,9 +189,15 @@ class Replica:
         running = self.running
         bs = self.bs
         preempted = False
+        tier = self.tiering
+        if tier is not None:
+            tier.on_step(now)
         i = 0
         while i < len(running) and budget > 0:
             r = running[i]
+            if r.ready_s > now:  # its blocks are still coming back from host memory
+                i += 1
+                continue
             prefilling = r.num_computed < r.prefill_target
             n = min(r.prefill_target - r.num_computed, budget) if prefilling else 1
             fits = True
@@ -191,6 +216,8 @@ class Replica:
             i += 1
         if not preempted:
             waiting, pool = self.waiting, self.pool
+            if tier is not None and waiting:
+                tier.order_waiting(now)
             while waiting and budget > 0 and len(running) < p.max_num_seqs:
                 r = waiting[0]
                 ctx = r.ctx
@@ -204,25 +231,44 @@ class Replica:
                 alloc = pool.allocate(ctx, r.prefill_target)
                 waiting.popleft()
                 r.alloc = alloc
-                hit_t = alloc.hit_blocks * self.bs
-                r.num_computed = hit_t
+                gpu_hit = alloc.hit_blocks
+                host_hit = 0
+                reused = gpu_hit  # blocks not prefilled
+                if tier is not None:
+                    warm, host, ready = tier.on_admit(r, alloc, now)
+                    gpu_hit -= warm  # reloaded ahead of time: served from host
+                    host_hit = warm + host
+                    reused += host
+                    r.ready_s = ready
+                    r.host_hit_blocks += host_hit
+                    r.host_hit_tokens += host_hit * bs
+                hit_t = gpu_hit * bs
+                r.num_computed = reused * bs
                 r.prefill_tokens += r.prefill_target
                 r.hit_tokens += hit_t
-                r.hit_blocks += alloc.hit_blocks
+                r.hit_blocks += gpu_hit
                 if r.admitted_s is None:
                     r.admitted_s = now
                 st = self.stats
                 st.admissions += 1
                 if r.measured:
                     st.prompt_blocks += len(ctx.keys)
-                    st.hit_blocks += alloc.hit_blocks
+                    st.hit_blocks += gpu_hit
                     st.prefill_tokens += r.prefill_target
                     st.hit_tokens += hit_t
-                n = min(r.prefill_target - hit_t, budget)
+                    st.host_hit_blocks += host_hit
+                    st.host_hit_tokens += host_hit * bs
                 running.append(r)
+                if r.ready_s > now:
+                    continue  # scheduled once its reload completes
+                n = min(r.prefill_target - r.num_computed, budget)
                 items.append((r, n, True))
                 budget -= n
         if not items:
+            if tier is not None:
+                ready = [r.ready_s for r in running if r.ready_s > now]
+                if ready:  # idle until the first reload completes
+                    return StepPlan(start_s=now, duration_s=min(ready) - now)
             return None
         prefill = [(n, r.num_computed) for r, n, pf in items if pf]
         decode = [r.num_computed for r, n, pf in items if not pf]
@@ -233,6 +279,8 @@ class Replica:
         """Apply a finished step; returns the requests that completed (blocks freed)."""
         end = plan.start_s + plan.duration_s
         st = self.stats
+        if not plan.items:
+            return []  # an idle wait for a reload
         st.steps += 1
         st.busy_s += plan.duration_s
         done: list[SimRequest] = []
@@ -265,4 +313,6 @@ class Replica:
                 pool.sim_free_epoch += 1
                 r.alloc = None
                 st.completed += 1
+                if self.tiering is not None:
+                    self.tiering.on_turn_end(r, end)
         return done

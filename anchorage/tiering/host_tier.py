@@ -1,0 +1,135 @@
+"""A replica's host-memory KV tier: capacity, transfer links each way, what it holds.
+
+Specification
+-------------
+Per-block bytes come from the model profile:
+``block_bytes = layers x kv_heads x head_dim x 2 (K and V) x dtype_bytes x block_size``
+(Llama-3-8B bf16, 16-token blocks: 32 x 8 x 128 x 2 x 2 x 16 = 2 MiB).
+
+``HostTierConfig``: ``capacity_bytes`` (default 100 GB, the paper's CPU pool),
+``d2h_bytes_s`` / ``h2d_bytes_s`` (default 25 GB/s each way: PCIe Gen5 x16 peaks near
+55 GB/s, paged KV copies of 2 MiB blocks reach about half), ``latency_s`` per transfer
+(default 50 us: launch and synchronisation). ``capacity_blocks(block_bytes)`` =
+``capacity_bytes // block_bytes``.
+
+``Link``: one direction of the PCIe link, FIFO. A transfer of ``n`` bytes asked at ``t``
+starts at ``max(t, busy_until)`` and ends ``latency + n / bandwidth`` later. Transfers
+overlap compute (engine steps do not wait for them); only a request whose blocks are in
+flight waits.
+
+``HostTier``: the block keys held in host memory, LRU-ordered (a store or a use refreshes
+a key), at most ``capacity_blocks``; storing into a full tier drops the least recently
+used keys. ``run(keys, start, limit)`` = how many consecutive keys from ``start`` are held
+(a prefix continued from host memory). Counters: ``stored_blocks``, ``dropped_blocks``.
+A host copy stays after a reload (the next offload of the session then moves only its new
+blocks), as vLLM's CPU offload keeps its copies.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Hashable, Iterable, Sequence
+
+GB = 1e9
+
+
+def block_bytes(model, block_size: int) -> int:
+    """KV bytes of one block: layers x KV heads x head dim x 2 x dtype bytes x block size."""
+    return (model.layers * model.kv_heads * model.head_dim * 2 * model.dtype_bytes
+            * block_size)
+
+
+@dataclass(frozen=True)
+class HostTierConfig:
+    capacity_bytes: float = 100 * GB
+    d2h_bytes_s: float = 25 * GB
+    h2d_bytes_s: float = 25 * GB
+    latency_s: float = 50e-6
+
+    def __post_init__(self) -> None:
+        if not self.capacity_bytes >= 0:
+            raise ValueError("host tier capacity must be >= 0")
+        if not (self.d2h_bytes_s > 0 and self.h2d_bytes_s > 0):
+            raise ValueError("host tier bandwidths must be > 0")
+        if not self.latency_s >= 0:
+            raise ValueError("host tier latency must be >= 0")
+
+    def capacity_blocks(self, bytes_per_block: int) -> int:
+        return int(self.capacity_bytes // max(1, bytes_per_block))
+
+
+class Link:
+    """One transfer direction: FIFO, ``latency + bytes / bandwidth`` per transfer."""
+
+    __slots__ = ("bw", "latency", "busy_until", "bytes", "transfers")
+
+    def __init__(self, bytes_s: float, latency_s: float = 0.0):
+        self.bw = bytes_s
+        self.latency = latency_s
+        self.busy_until = 0.0
+        self.bytes = 0
+        self.transfers = 0
+
+    def duration(self, nbytes: float) -> float:
+        return self.latency + nbytes / self.bw
+
+    def schedule(self, now: float, nbytes: float) -> float:
+        """Queue a transfer asked at ``now``; returns when it completes."""
+        start = now if now > self.busy_until else self.busy_until
+        end = start + self.duration(nbytes)
+        self.busy_until = end
+        self.bytes += int(nbytes)
+        self.transfers += 1
+        return end
+
+
+class HostTier:
+    """Keys held in host memory (LRU, bounded) and the two links of one replica."""
+
+    def __init__(self, cfg: HostTierConfig, bytes_per_block: int):
+        self.cfg = cfg
+        self.block_bytes = bytes_per_block
+        self.capacity_blocks = cfg.capacity_blocks(bytes_per_block)
+        self.keys: OrderedDict[Hashable, None] = OrderedDict()
+        self.d2h = Link(cfg.d2h_bytes_s, cfg.latency_s)
+        self.h2d = Link(cfg.h2d_bytes_s, cfg.latency_s)
+        self.stored_blocks = 0
+        self.dropped_blocks = 0
+
+    @property
+    def free_blocks(self) -> int:
+        return self.capacity_blocks - len(self.keys)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self.keys
+
+    def round_trip_s(self, blocks_out: int, blocks_in: int) -> float:
+        """Time to move ``blocks_out`` to host and ``blocks_in`` back, links idle."""
+        bb = self.block_bytes
+        return self.d2h.duration(blocks_out * bb) + self.h2d.duration(blocks_in * bb)
+
+    def store(self, keys: Iterable[Hashable]) -> None:
+        """Hold ``keys`` (a completed offload); the least recently used keys make room."""
+        held = self.keys
+        cap = self.capacity_blocks
+        for k in keys:
+            if k in held:
+                held.move_to_end(k)
+                continue
+            if cap <= 0:
+                return
+            while len(held) >= cap:
+                held.popitem(last=False)
+                self.dropped_blocks += 1
+            held[k] = None
+            self.stored_blocks += 1
+
+    def run(self, keys: Sequence[Hashable], start: int, limit: int) -> int:
+        """Consecutive keys from ``start`` (up to ``limit``) held here; refreshes them."""
+        held = self.keys
+        n = start
+        while n < limit and keys[n] in held:
+            held.move_to_end(keys[n])
+            n += 1
+        return n - start

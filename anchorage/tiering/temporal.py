@@ -1,0 +1,141 @@
+"""Temporal policy (TokenCake section 4): offload a stalled session's KV to host memory
+only when it pays, and reload it just before the session comes back. Pure functions.
+
+Specification
+-------------
+Inputs at the end of a turn that stopped for a tool call (``GateInput``):
+``stall_s`` (predicted stall: E[tau | tau > elapsed] from the stall forecaster),
+``offload_s`` / ``reload_s`` (transfer times of the session's blocks, host link idle),
+``gpu_usage`` (fraction of GPU blocks held by running requests, vLLM's KV usage),
+``host_free_blocks``, ``offload_blocks`` (blocks to copy out: the session's GPU blocks
+not already in host memory), ``freed_blocks`` (GPU blocks the offload frees: all the
+session's cached GPU blocks), ``free_blocks`` (GPU blocks free without eviction),
+``waiting`` (queued requests in queue order: (incremental block demand, prefill tokens)),
+``tokens_per_s`` (observed prefill throughput), ``since_move_s`` (time since this session
+was last offloaded or reloaded, ``inf`` if never), ``criticality`` in [0, 1] (the spatial
+policy's agent score, normalised).
+
+Window: ``window_s = stall_s - (offload_s + reload_s)``.
+
+Hard rejections, checked in this order (the decision's ``reason``):
+
+1. ``host_full``: ``host_free_blocks < offload_blocks``;
+2. ``stall_short``: ``window_s <= 0`` (the stall does not cover the round trip);
+3. ``low_pressure``: ``gpu_usage < watermark`` (default 0.5);
+4. ``no_fit``: no waiting request fits the freed blocks: first fit in queue order, the
+   first request with ``demand <= free_blocks + freed_blocks`` and ``demand > 0`` whose
+   prefill fits the window's token capacity ``window_s x tokens_per_s``;
+5. ``churn``: ``since_move_s < churn_s`` (default 2 s): a session moved recently stays.
+
+Soft score (no hard rejection): ``score = window_s / stall_s + (gpu_usage - watermark)
+- critical_penalty x criticality`` (default penalty 0.6); offload when ``score >=
+threshold`` (default 0.5), else the reason is ``low_score``. Emergency exception: with
+``gpu_usage >= emergency_usage`` (0.98) and ``window_s / stall_s >= 0.8`` a critical agent
+is offloaded anyway.
+
+Reload timing (the warm-up): a reload starts at ``reload_at_s = end_s + stall_s -
+reload_s - lead_s`` (default lead 10 % of the stall, at least 5 ms), not before the
+offload completes; a tool that returns before then triggers an immediate reload.
+
+Reload outcome (``reload_outcome``): ``in_time`` when the reload completed before the
+session's next request needed it, ``late`` when the request waited for it (including a
+reload started by the request itself), ``wasted`` when the session did not return to use
+it (the reloaded blocks were dropped first).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+
+@dataclass(frozen=True)
+class GateParams:
+    watermark: float = 0.5
+    churn_s: float = 2.0
+    critical_penalty: float = 0.6
+    threshold: float = 0.5
+    emergency_usage: float = 0.98
+    emergency_margin: float = 0.8
+    lead_frac: float = 0.1
+    min_lead_s: float = 0.005
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.watermark <= 1:
+            raise ValueError("watermark must be in [0, 1]")
+        if self.churn_s < 0 or self.lead_frac < 0 or self.min_lead_s < 0:
+            raise ValueError("churn_s, lead_frac and min_lead_s must be >= 0")
+
+
+@dataclass(frozen=True)
+class GateInput:
+    stall_s: float
+    offload_s: float
+    reload_s: float
+    gpu_usage: float
+    host_free_blocks: int
+    offload_blocks: int
+    freed_blocks: int
+    free_blocks: int
+    waiting: Sequence[tuple[int, int]] = field(default_factory=tuple)
+    tokens_per_s: float = math.inf
+    since_move_s: float = math.inf
+    criticality: float = 0.0
+
+
+@dataclass(frozen=True)
+class Decision:
+    offload: bool
+    reason: str          # "ok", "emergency" or the rejection
+    window_s: float
+    score: float = 0.0
+    fit_index: int = -1  # the waiting request that fits (first fit), -1 if none
+
+
+def first_fit(waiting: Sequence[tuple[int, int]], room_blocks: int,
+              token_capacity: float) -> int:
+    """Index of the first queued request (demand, prefill tokens) that fits, or -1."""
+    for i, (demand, tokens) in enumerate(waiting):
+        if 0 < demand <= room_blocks and tokens <= token_capacity:
+            return i
+    return -1
+
+
+def decide_offload(inp: GateInput, p: GateParams = GateParams()) -> Decision:
+    window = inp.stall_s - (inp.offload_s + inp.reload_s)
+    if inp.host_free_blocks < inp.offload_blocks:
+        return Decision(False, "host_full", window)
+    if not window > 0:
+        return Decision(False, "stall_short", window)
+    if inp.gpu_usage < p.watermark:
+        return Decision(False, "low_pressure", window)
+    fit = first_fit(inp.waiting, inp.free_blocks + inp.freed_blocks,
+                    window * inp.tokens_per_s)
+    if fit < 0:
+        return Decision(False, "no_fit", window)
+    if inp.since_move_s < p.churn_s:
+        return Decision(False, "churn", window, fit_index=fit)
+    margin = window / inp.stall_s
+    score = margin + (inp.gpu_usage - p.watermark) - p.critical_penalty * inp.criticality
+    if score >= p.threshold:
+        return Decision(True, "ok", window, score, fit)
+    if inp.gpu_usage >= p.emergency_usage and margin >= p.emergency_margin:
+        return Decision(True, "emergency", window, score, fit)
+    return Decision(False, "low_score", window, score, fit)
+
+
+def reload_at_s(end_s: float, stall_s: float, reload_s: float, offload_done_s: float,
+                p: GateParams = GateParams()) -> float:
+    """When the warm-up reload starts: ahead of the predicted return by the transfer time
+    plus a lead, never before the offload completed."""
+    lead = max(p.min_lead_s, p.lead_frac * stall_s)
+    return max(offload_done_s, end_s + stall_s - reload_s - lead)
+
+
+def reload_outcome(reload_done_s: float | None, needed_s: float | None) -> str:
+    """``in_time`` / ``late`` / ``wasted`` for a reload that completes at
+    ``reload_done_s`` and is needed at ``needed_s`` (None: never used)."""
+    if needed_s is None or reload_done_s is None:
+        return "wasted"
+    return "in_time" if reload_done_s <= needed_s else "late"

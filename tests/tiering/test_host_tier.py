@@ -1,0 +1,39 @@
+import pytest
+
+from anchorage.sim.profiles import get_profile
+from anchorage.tiering.host_tier import HostTier, HostTierConfig, Link, block_bytes
+
+
+def test_block_bytes_from_the_model_profile():
+    prof = get_profile("h200-llama3-8b")
+    # 32 layers x 8 KV heads x 128 x 2 (K, V) x 2 bytes x 16 tokens = 2 MiB
+    assert block_bytes(prof.model, 16) == 2 * 1024 * 1024
+    assert block_bytes(prof.model, 16) == prof.kv_bytes_per_block
+
+
+def test_link_is_fifo_and_overlaps_nothing_else():
+    link = Link(1e9, latency_s=0.001)
+    assert link.schedule(0.0, 1e9) == pytest.approx(1.001)
+    assert link.schedule(0.5, 1e9) == pytest.approx(2.002)  # queued behind the first
+    assert link.schedule(5.0, 0) == pytest.approx(5.001)
+    assert link.bytes == 2 * 10**9 and link.transfers == 3
+
+
+def test_host_tier_holds_keys_lru_and_bounded():
+    h = HostTier(HostTierConfig(capacity_bytes=3 * 100), bytes_per_block=100)
+    assert h.capacity_blocks == 3
+    h.store(["a", "b", "c"])
+    assert h.run(["a", "b", "x"], 0, 3) == 2   # refreshes a, b
+    h.store(["d"])                              # drops c, the least recently used
+    assert "c" not in h and "a" in h and "d" in h
+    assert h.free_blocks == 0 and h.dropped_blocks == 1
+    assert h.run(["a", "b", "d"], 1, 3) == 2
+    assert h.round_trip_s(2, 3) == pytest.approx(
+        h.d2h.duration(200) + h.h2d.duration(300))
+
+
+def test_bad_config():
+    with pytest.raises(ValueError):
+        HostTierConfig(d2h_bytes_s=0)
+    with pytest.raises(ValueError):
+        HostTierConfig(capacity_bytes=-1)

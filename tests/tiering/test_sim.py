@@ -1,0 +1,101 @@
+"""The host tier in the timed simulator, on a small generated multi-agent workload."""
+
+import math
+
+import pytest
+
+from anchorage.sim.cluster import TimedConfig, run_timed
+from anchorage.sim.profiles import get_profile
+from anchorage.sim.replay import make_contexts
+from anchorage.tiering.host_tier import HostTierConfig
+from anchorage.tiering.sim import TieringConfig, run_tiered
+from anchorage.trace.generate import generate
+
+_WL = {}
+
+
+def workload():
+    if not _WL:
+        _, recs = generate("selector", 4, 24, 3, concurrency=16, mean_requests=8,
+                           max_context_tokens=12000)
+        ctxs = make_contexts(recs)
+        for c, r in zip(ctxs, recs):
+            c.agent_hint = r.agent
+        _WL["w"] = (recs, ctxs)
+    return _WL["w"]
+
+
+def cfg(cap=600):
+    return TimedConfig(get_profile("h200-llama3-8b"), replicas=2, mode="closed",
+                       time_scale=1e-3, max_sessions=12, capacity_blocks=cap)
+
+
+def test_off_is_the_plain_simulator():
+    recs, ctxs = workload()
+    a = run_timed(recs, ctxs, cfg(), "hybrid", "session")
+    b = run_tiered(recs, ctxs, cfg(), "hybrid", "session", tiering=TieringConfig(mode="off"))
+    for k in ("latency_mean_s", "hit_rate", "recomputed_tokens", "session_time_mean_s"):
+        assert a[k] == b[k]
+    assert b["tiering"] == {"mode": "off"}
+
+
+@pytest.mark.parametrize("mode", ["naive", "tokencake"])
+def test_host_hits_are_counted_apart_and_tokens_add_up(mode):
+    recs, ctxs = workload()
+    base = run_timed(recs, ctxs, cfg(), "hybrid", "session")
+    r = run_tiered(recs, ctxs, cfg(), "hybrid", "session",
+                   tiering=TieringConfig(mode=mode))
+    assert r["requests"] == base["requests"] == len(recs) - base["rejected"]
+    # every prefill token is a GPU hit, a host hit or recomputed
+    assert r["prefill_tokens"] == r["hit_tokens"] + r["host_hit_tokens"] + r["recomputed_tokens"]
+    assert r["offloads"] > 0 and r["reloads"] > 0 and r["host_hit_blocks"] > 0
+    assert r["bytes_moved"] == r["offload_bytes"] + r["reload_bytes"] > 0
+    bb = r["tiering"]["block_bytes"]
+    assert r["offload_bytes"] == r["offload_blocks"] * bb
+    assert r["reload_bytes"] == r["reload_blocks"] * bb
+    assert sum(r["outcomes"].values()) > 0
+    assert 0 < r["host_hit_rate"] <= 1 - r["hit_rate"]
+    # host hits replace recomputation
+    assert r["recomputed_tokens"] < base["recomputed_tokens"]
+    if mode == "tokencake":
+        assert sum(r["gate"].values()) >= r["offloads"]
+        assert r["gate"].get("ok", 0) + r["gate"].get("emergency", 0) == r["offloads"]
+
+
+def test_gate_rejects_everything_with_a_full_host_or_no_pressure():
+    recs, ctxs = workload()
+    tiny = TieringConfig(mode="tokencake", host=HostTierConfig(capacity_bytes=0))
+    r = run_tiered(recs, ctxs, cfg(), "hybrid", "session", tiering=tiny)
+    assert r["offloads"] == 0 and r["bytes_moved"] == 0 and r["host_hit_blocks"] == 0
+    assert set(r["gate"]) <= {"host_full", "stall_short", "low_pressure", "no_fit"}
+    assert r["gate"].get("host_full", 0) > 0
+    from anchorage.tiering.temporal import GateParams
+    never = TieringConfig(mode="temporal", gate=GateParams(watermark=1.0))
+    r = run_tiered(recs, ctxs, cfg(), "hybrid", "session", tiering=never)
+    assert r["offloads"] == 0 and r["gate"].get("ok", 0) == 0
+
+
+def test_slow_links_make_requests_wait_for_reloads():
+    recs, ctxs = workload()
+    slow = TieringConfig(mode="naive", host=HostTierConfig(d2h_bytes_s=1e8, h2d_bytes_s=1e8))
+    r = run_tiered(recs, ctxs, cfg(), "hybrid", "session", tiering=slow)
+    assert r["outcomes"].get("late", 0) > 0
+    assert math.isfinite(r["latency_mean_s"])
+
+
+def test_spatial_reserves_for_critical_agents():
+    recs, ctxs = workload()
+    r = run_tiered(recs, ctxs, cfg(cap=400), "hybrid", "session",
+                   tiering=TieringConfig(mode="tokencake"))
+    res = r["reserved_blocks"]
+    assert res, "no reservation under pressure"
+    cap = 400
+    assert all(v["max"] <= 0.3 * cap for v in res.values())
+
+
+def test_bad_mode_and_pooled_router():
+    with pytest.raises(ValueError, match="tiering mode"):
+        TieringConfig(mode="sometimes")
+    recs, ctxs = workload()
+    with pytest.raises(ValueError, match="pooled"):
+        run_tiered(recs, ctxs, cfg(), "hybrid", "pooled", tiering=TieringConfig())

@@ -1,0 +1,99 @@
+import math
+
+import pytest
+
+from anchorage.tiering.temporal import (GateInput, GateParams, decide_offload, first_fit,
+                                        reload_at_s, reload_outcome)
+
+P = GateParams()
+
+
+def good(**kw) -> GateInput:
+    base = dict(stall_s=10.0, offload_s=0.5, reload_s=0.5, gpu_usage=0.9,
+                host_free_blocks=1000, offload_blocks=100, freed_blocks=100, free_blocks=0,
+                waiting=[(50, 800)], tokens_per_s=10_000.0, since_move_s=math.inf,
+                criticality=0.0)
+    base.update(kw)
+    return GateInput(**base)
+
+
+def test_accepts_a_long_stall_under_pressure():
+    d = decide_offload(good(), P)
+    assert d.offload and d.reason == "ok"
+    assert d.window_s == pytest.approx(9.0)
+    assert d.fit_index == 0
+
+
+def test_rejects_when_host_has_no_room():
+    d = decide_offload(good(host_free_blocks=99), P)
+    assert not d.offload and d.reason == "host_full"
+
+
+def test_rejects_a_stall_shorter_than_the_round_trip():
+    d = decide_offload(good(stall_s=1.0), P)  # window = 1 - (0.5 + 0.5) = 0
+    assert not d.offload and d.reason == "stall_short"
+    assert decide_offload(good(stall_s=1.01, tokens_per_s=1e6), P).reason != "stall_short"
+
+
+def test_rejects_below_the_pressure_watermark():
+    d = decide_offload(good(gpu_usage=0.49), P)
+    assert not d.offload and d.reason == "low_pressure"
+    assert decide_offload(good(gpu_usage=0.7), GateParams(watermark=0.8)).reason == "low_pressure"
+
+
+def test_rejects_when_no_waiting_request_fits():
+    assert decide_offload(good(waiting=[]), P).reason == "no_fit"
+    # demand larger than free + freed blocks
+    assert decide_offload(good(waiting=[(101, 10)]), P).reason == "no_fit"
+    # fits in blocks, but its prefill exceeds the window's token capacity (9 s x 10 tok/s)
+    assert decide_offload(good(waiting=[(50, 91)], tokens_per_s=10.0), P).reason == "no_fit"
+    # free blocks count too
+    assert decide_offload(good(waiting=[(101, 10)], free_blocks=1), P).offload
+
+
+def test_first_fit_takes_the_first_in_queue_order():
+    q = [(500, 10), (0, 10), (40, 10), (30, 10)]
+    assert first_fit(q, 100, math.inf) == 2
+    assert first_fit(q, 10, math.inf) == -1
+    d = decide_offload(good(waiting=q), P)
+    assert d.fit_index == 2
+
+
+def test_rejects_a_session_moved_recently():
+    d = decide_offload(good(since_move_s=1.0), P)
+    assert not d.offload and d.reason == "churn"
+    assert decide_offload(good(since_move_s=2.0), P).offload
+
+
+def test_penalises_critical_agents_with_an_emergency_exception():
+    d = decide_offload(good(gpu_usage=0.6, criticality=1.0), P)
+    assert not d.offload and d.reason == "low_score"
+    assert decide_offload(good(gpu_usage=0.6, criticality=0.2), P).offload
+    e = decide_offload(good(gpu_usage=0.99, criticality=1.0, stall_s=20.0), P)
+    assert e.offload  # severe pressure and a large margin
+    short = decide_offload(good(gpu_usage=0.99, criticality=1.0, stall_s=2.0,
+                                since_move_s=math.inf), GateParams(threshold=2.0))
+    assert not short.offload and short.reason == "low_score"  # margin 0.5 < 0.8
+
+
+def test_reload_starts_ahead_of_the_predicted_return():
+    # turn ended at 100 s, stall 10 s, reload 0.5 s, lead 10 % of the stall = 1 s
+    assert reload_at_s(100.0, 10.0, 0.5, 100.2, P) == pytest.approx(108.5)
+    # never before the offload completed
+    assert reload_at_s(100.0, 1.0, 0.9, 100.5, P) == pytest.approx(100.5)
+    # the lead has a floor
+    assert reload_at_s(0.0, 0.01, 0.0, 0.0, P) == pytest.approx(0.01 - 0.005)
+
+
+def test_reload_outcomes():
+    assert reload_outcome(5.0, 6.0) == "in_time"
+    assert reload_outcome(5.0, 5.0) == "in_time"
+    assert reload_outcome(6.0, 5.0) == "late"
+    assert reload_outcome(5.0, None) == "wasted"
+
+
+def test_bad_parameters():
+    with pytest.raises(ValueError):
+        GateParams(watermark=1.5)
+    with pytest.raises(ValueError):
+        GateParams(churn_s=-1)
