@@ -29,6 +29,13 @@ spec.loader.exec_module(build)
 PLUGIN = "anchorage.node_agent.plugin:register"
 
 
+@pytest.fixture
+def dockerfile_parse():
+    from tests.conftest import need_module
+
+    need_module("dockerfile_parse", "python module dockerfile_parse (the `dev` extra)")
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     return build.build_wheel(tmp_path_factory.mktemp("dist"))
@@ -93,7 +100,7 @@ print(json.dumps({{"value": eps[0].value, "module": sys.modules[fn.__module__]._
     assert got["module"].startswith(str(target)), got
 
 
-def test_dockerfiles_lint_clean_and_install_the_right_extras():
+def test_dockerfiles_lint_clean_and_install_the_right_extras(dockerfile_parse):
     from dockerfile_parse import DockerfileParser
 
     v = build.versions()
@@ -133,7 +140,7 @@ def test_dockerfiles_lint_clean_and_install_the_right_extras():
     assert m.labels["org.opencontainers.image.version"] == f"{v.anchorage}-vllm{v.vllm}"
 
 
-def test_lint_flags_bad_dockerfiles():
+def test_lint_flags_bad_dockerfiles(dockerfile_parse):
     bad = ("FROM python\nADD x /x\nRUN pip install foo\nRUN apt-get install -y git\n"
            "RUN cd /x && make\nUSER root\nCMD python app.py\n")
     problems = "\n".join(build.lint_dockerfile(bad, "bad"))
@@ -144,7 +151,7 @@ def test_lint_flags_bad_dockerfiles():
     assert "not pinned" in "\n".join(build.lint_dockerfile("FROM vllm/vllm-openai:latest\n"))
 
 
-def test_chart_defaults_follow_the_build_and_drift_is_reported(tmp_path):
+def test_chart_defaults_follow_the_build_and_drift_is_reported(dockerfile_parse, tmp_path):
     import shutil
 
     v = build.versions()
@@ -172,7 +179,7 @@ def test_chart_defaults_follow_the_build_and_drift_is_reported(tmp_path):
     assert "ARG ANCHORAGE_VERSION defaults to" in problems
 
 
-def test_build_script_cli_without_a_container_engine(tmp_path):
+def test_build_script_cli_without_a_container_engine(dockerfile_parse, tmp_path):
     run = [sys.executable, str(REPO / "scripts/images/build.py")]
     out = subprocess.run(run + ["--print"], capture_output=True, text=True, check=True)
     assert out.stdout.split() == [i.ref for i in build.images(build.versions())]

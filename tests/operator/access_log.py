@@ -3,7 +3,9 @@
 Four long-lived sessions take a turn every ``gap_s`` seconds (8 anchor blocks plus a growing
 history); between turns a stream of one-shot requests with fresh prompts floods the cache.
 Under LRU (or a TTL shorter than the gap) every session's blocks are evicted before its next
-turn; a TTL longer than the gap keeps them.
+turn; a TTL longer than the gap keeps them, and so does hybrid once it has learned the gap,
+unless a survival threshold (e.g. the example policy's 0.3) marks the waiting sessions
+low-survival.
 """
 
 from __future__ import annotations

@@ -169,23 +169,27 @@ async def test_invalid_spec_is_degraded_and_touches_nothing(kmock):
 
 
 async def test_tuning_adopts_better_parameters_and_writes_them(kmock, tmp_path):
-    """The digital twin inside a reconcile pass: the recorded access log replays better with
-    a longer TTL, so the tuner's parameters go into status and the ConfigMap. (The `ttl`
-    policy stands in for hybrid's parameters here; the schema's enums are not involved.)"""
+    """The digital twin inside a reconcile pass, on the default policy: the recorded access
+    log replays better under hybrid with a lower survival threshold than the example's 0.3,
+    so the tuner's parameters go into status and the ConfigMap."""
     from tests.operator.access_log import write_access_log
 
     kmock.objects["apps/v1/deployments", NS, "web"] = deployment(2)
     log = write_access_log(tmp_path / "access.jsonl")
-    sp = spec(policy={"name": "ttl", "parameters": {"ttl_s": 0.3}},
+    in_spec = {"survivalThreshold": 0.3, "horizon": 120, "recencyScale": 30, "rMin": 0.6}
+    sp = spec(policy={"name": "hybrid", "parameters": in_spec},
               tuning={"enabled": True, "intervalSeconds": 600, "accessLogs": [str(log)],
-                      "capacityBlocks": 96, "minImprovement": 0.02,
-                      "parameters": [{"name": "ttl_s", "min": 0.5, "max": 4.5, "steps": 5}]})
+                      "capacityBlocks": 180, "minImprovement": 0.01,
+                      "parameters": [{"name": "survivalThreshold", "min": 0.05, "max": 0.8,
+                                      "steps": 6}]})
     out = await run(kmock, sp, {}, StubMetrics(CALM))
-    assert out.status["parametersSource"] == "tuner" and out.status["parameters"]["ttl_s"] > 2
+    assert out.status["parametersSource"] == "tuner", out.status.get("lastTuningReason")
+    tuned = out.status["parameters"]
+    assert tuned["survivalThreshold"] < 0.3 and tuned["horizon"] == 120
     assert "adopted" in out.status["lastTuningReason"] and out.facts["tuning"] == "adopted"
     doc = yaml.safe_load(kmock.objects["v1/configmaps", NS, "llama-anchorage"]["data"][DATA_KEY])
     assert doc["policy"]["parametersSource"] == "tuner"
-    assert doc["policy"]["parameters"]["ttl_s"] == out.status["parameters"]["ttl_s"]
+    assert doc["policy"]["parameters"] == tuned
     assert any(e.reason == "Tuned" for e in out.events)
     # within the interval: no new tuning run, tuned parameters stay in force
     again = await run(kmock, sp, out.status, StubMetrics(CALM), now_s=1010.0)
@@ -193,7 +197,7 @@ async def test_tuning_adopts_better_parameters_and_writes_them(kmock, tmp_path):
     # a spec change (new generation) puts the spec's parameters back in force
     sp2 = {**sp, "tuning": {**sp["tuning"], "enabled": False}}
     third = await run(kmock, sp2, again.status, StubMetrics(CALM), now_s=1020.0, generation=2)
-    assert third.status["parametersSource"] == "spec" and third.status["parameters"] == {"ttl_s": 0.3}
+    assert third.status["parametersSource"] == "spec" and third.status["parameters"] == in_spec
     assert third.status["decision"]["tuned"] is None
 
 

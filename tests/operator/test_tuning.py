@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import yaml
 
 from anchorage.autoscale.params import flatten, policy_kwargs, unflatten
 from anchorage.autoscale.tuning import (ParameterRange, candidate_grid, choose_candidate,
@@ -67,3 +70,49 @@ def test_tuner_improves_hit_rate_on_recorded_access_log(tmp_path):
                  current=out.parameters, ranges=[ParameterRange("ttl_s", 0.5, 4.5, 5)],
                  min_improvement=0.02)
     assert not again.adopt and again.parameters == out.parameters
+
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "manifests" / "examples" / "agentcachepolicy.yaml"
+
+
+def test_tuner_improves_hybrid_from_the_example_policy_parameters(tmp_path):
+    """The default policy, hybrid, tuned the way the shipped example AgentCachePolicy asks
+    (its parameters in force, its tuning ranges and minimum improvement). On this log the
+    example's survivalThreshold 0.3 marks the waiting sessions as low-survival, so the
+    one-shot flood pushes them out; the replay finds a lower threshold that keeps them."""
+    spec = yaml.safe_load(EXAMPLE.read_text())["spec"]
+    assert spec["policy"]["name"] == "hybrid"
+    current = flatten(spec["policy"]["parameters"])
+    assert {"survivalThreshold", "horizon", "recencyScale", "rMin"} <= set(current)
+    ranges = [ParameterRange.from_spec(p) for p in spec["tuning"]["parameters"]]
+    min_improvement = spec["tuning"]["minImprovement"]
+    contexts = make_contexts(read_trace(write_access_log(tmp_path / "access.jsonl"))[1])
+    # capacity at this log's scale (the example's capacityBlocks is a production engine's)
+    capacity = 180
+
+    out = tune(contexts, capacity_blocks=capacity, block_size=16, policy="hybrid",
+               current=current, ranges=ranges, min_improvement=min_improvement)
+    assert out.adopt, out.reason
+    assert out.parameters["survivalThreshold"] < current["survivalThreshold"]
+    assert out.best_score > out.current_score + min_improvement
+    # the untuned parameters are untouched; the adopted set replays to the reported score
+    for k in ("recencyScale", "rMin", "prefetchEnabled", "prefetchRatePerSecond"):
+        assert out.parameters[k] == current[k]
+    assert score_parameters(contexts, capacity, 16, "hybrid", out.parameters) == \
+        pytest.approx(out.best_score)
+    # within the margin of hybrid's built-in defaults (the range's floor, 0.05, is not 0),
+    # and better than LRU
+    assert out.best_score >= score_parameters(contexts, capacity, 16, "hybrid", {}) - min_improvement
+    assert out.best_score > score_parameters(contexts, capacity, 16, "lru", {})
+    # a second round from the adopted point keeps it
+    again = tune(contexts, capacity_blocks=capacity, block_size=16, policy="hybrid",
+                 current=out.parameters, ranges=ranges, min_improvement=min_improvement)
+    assert not again.adopt and again.parameters == out.parameters
+
+
+def test_hybrid_rejects_out_of_range_parameters_clearly(tmp_path):
+    ctx = make_contexts(read_trace(write_access_log(tmp_path / "a.jsonl", turns=2))[1])
+    with pytest.raises(ValueError, match="survival_threshold"):
+        score_parameters(ctx, 64, 16, "hybrid", {"survivalThreshold": 1.5})
+    with pytest.raises(ValueError, match="does not accept parameters"):
+        score_parameters(ctx, 64, 16, "hybrid", {"bogus": 1.0})
