@@ -10,7 +10,13 @@ Every cached block belongs to one *group*:
 - ``thread(s, f)``: a session's private blocks, keyed by session id ``s`` (inferred from
   prefix continuity when the request has none) and, with transitions on, by the agent
   ``f`` of the request (a session's conversation with one agent);
-- ``output(s)``: blocks filled by generated tokens of session ``s``.
+- ``output(s)``: blocks filled by generated tokens of session ``s``;
+- ``stale(s, i)`` / ``dup(s, i)`` (signal ``stale``): when a request of session ``s``
+  reaches its ``thread(s, f)``, the thread's free blocks the prompt did not hit are
+  *skipped*: those whose key the prompt holds further on (behind an evicted block, so the
+  request recomputes them: duplicates) go to a new ``dup`` group, the rest (a branch the
+  conversation left, a compacted history) to a new ``stale`` group (one group per such
+  event, so each stays in free order).
 
 Within a group, free blocks leave in the order they became free, a chain's tail first
 (exactly LRU order inside the group). Each group has a predicted absolute next-use time
@@ -27,6 +33,16 @@ Scores (``T`` = expected time to next use from now, in policy-clock seconds):
 - ``output`` groups once outputs are learned dead (``dead_min_samples`` = 64 output blocks
   cached, reuse frequency ``(hits + 1) / (n + 2) < dead_max_reuse`` = 0.02), and groups of
   ended sessions: ``K = inf``;
+- ``dup`` groups: ``K = inf``. ``stale`` groups: the session's ``T`` (or recency ``mult``)
+  divided by ``q``, the learned probability that a skipped block is requested again:
+  ``q = (r + 1) / (n + 2)`` over ``n`` skipped blocks, ``r`` counting hits on them and
+  requests for their keys after eviction while the key is among the last ``capacity``
+  evicted stale keys (a ghost list, as ARC's, so ``q`` does not depend on how long the
+  policy kept them); ``q = 1`` until ``dead_min_samples`` skipped blocks, ``K = inf`` once
+  ``q < dead_max_reuse``;
+- sessions after their first request (signal ``first``): their gap model is the histogram
+  of gaps (and ends) that followed sessions' first requests, once ``min_samples`` are
+  learned (many sessions never send a second request: measured +0.8 points on Mooncake);
 - ``thread(s, f)`` with gaps on: ``T = W_s(e)`` = ``GapHistogram.expected_wait``:
   ``E[tau - e | tau > e] / P(return | tau > e)`` for elapsed ``e = now - last_s``, from
   the histogram of the session's pending tool (and argument cluster) when tools are on;
@@ -109,19 +125,21 @@ Learning never reads ``agent_truth`` or ``tool_duration_ms``; warm-up requests
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Iterable
+from typing import Any, Callable, Hashable, Iterable, Sequence
 
 from anchorage.fingerprint import PrefixOwnership
 from anchorage.policies.base import EvictionPolicy, RequestContext
-from anchorage.policies.gap_predictor import GapPredictor
+from anchorage.policies.gap_predictor import GapHistogram, GapPredictor
 from anchorage.policies.transitions import END, TransitionLearner
 
 INF = math.inf
 MAX_LIVE_REQUESTS = 8192  # requests in flight whose context is kept (bounded)
-ANCHOR, THREAD, OUTPUT = 0, 1, 2
+ANCHOR, THREAD, OUTPUT, STALE, DUP = 0, 1, 2, 3, 4
+_GROUP_IDS = itertools.count(1)
 
 
 TUNING_DEFAULTS: dict[str, Any] = {
@@ -170,10 +188,13 @@ class Signals:
     gaps: bool = True          # session gap model conditioned on elapsed time
     tools: bool = True         # condition gaps on tool name / argument cluster
     dead_outputs: bool = True  # learn whether generated-token blocks are ever reused
+    stale: bool = True         # a thread's blocks its next prompt skipped are stale
+    first: bool = True         # sessions after one request: their own return model
 
 
 class Group:
-    __slots__ = ("kind", "key", "sess", "agent", "free", "n", "ver", "K", "mult", "add")
+    __slots__ = ("kind", "key", "sess", "agent", "free", "n", "ver", "K", "mult", "add",
+                 "orph")
 
     def __init__(self, kind: int, key: Hashable, sess: "Session | None",
                  agent: "Agent | None"):
@@ -183,10 +204,12 @@ class Group:
         self.agent = agent
         self.free: OrderedDict[int, tuple[int, float]] = OrderedDict()
         self.n = 0          # blocks assigned (free or in use)
-        self.ver = 0
+        # versions are unique across groups (heap entries never compare groups)
+        self.ver = next(_GROUP_IDS) << 32
         self.K: float | None = None  # absolute predicted next use, or None: recency
         self.mult = 1.0               # recency score: K = epoch + mult * age + add
         self.add = 0.0
+        self.orph: Hashable = None  # the last request that orphaned this thread's blocks
 
 
 class Session:
@@ -273,6 +296,13 @@ class GroupEvictionPolicy(EvictionPolicy):
         self._out_blocks: set[int] = set()
         self._out_n = 0
         self._out_hits = 0
+        self._first = GapHistogram()  # gaps after a session's first request, and ends
+        self._stale_seq = 0
+        # keys of evicted stale blocks (ghosts, at most ``capacity``): requesting one
+        # counts as a reuse, so the learned rate does not depend on how long they stayed
+        self._ghost: OrderedDict[Hashable, None] = OrderedDict()
+        self._stale_n = 0      # thread blocks orphaned (their thread moved on without them)
+        self._stale_hits = 0   # orphaned blocks hit again
         self._heap: list[tuple] = []
         self._nonempty: dict[int, Group] = {}  # id(group) -> group with free blocks
         self._seq = 0
@@ -313,6 +343,12 @@ class GroupEvictionPolicy(EvictionPolicy):
                 sid = ("anon", ctx.request_id)
         limit = min(len(keys), ctx.input_length // self.block_size)
         self.prefix.observe(keys[:limit], sid)
+        gh = self._ghost
+        if gh and learn:
+            for k in keys[:limit]:
+                if k in gh:
+                    del gh[k]
+                    self._stale_hits += 1
         if limit and ctx.session_id is None:
             self.prefix.note_tail(keys[limit - 1], sid)
         # shared prefixes always form their own group (scored by recency when anchors are
@@ -348,11 +384,15 @@ class GroupEvictionPolicy(EvictionPolicy):
             gap = max(0.0, now - sess.last_s)
             if sess.ended:
                 self.gaps.retract_end(sess.tool, sess.cluster)
+                if sess.n == 1:
+                    self._first.remove_end()
                 sess.ended = False
                 if sess.agent is not None:
                     self.at_agent[sess.agent] = self.at_agent.get(sess.agent, 0) + 1
             self.gaps.observe(gap, sess.tool if sig.tools else None,
                               sess.cluster if sig.tools else None)
+            if sess.n == 1:
+                self._first.add(gap)
             self.step_gap = gap if not self.step_gap else 0.9 * self.step_gap + 0.1 * gap
         if agent is not None:
             if agent.n:
@@ -395,6 +435,8 @@ class GroupEvictionPolicy(EvictionPolicy):
             if next(iter(free)) == b:
                 touched[id(g)] = g
             del free[b]
+            if g.kind == STALE:
+                self._stale_hits += 1
         out = self._out_blocks
         if out:
             for b in blocks:
@@ -443,6 +485,10 @@ class GroupEvictionPolicy(EvictionPolicy):
             else:
                 if thread is None:
                     thread = self._group(sess, THREAD, agent)
+                    if thread.orph != ctx.request_id and self.sig.stale:
+                        thread.orph = ctx.request_id
+                        if thread.free:
+                            self._orphan(thread, ctx.keys)
                 g = thread
             old = bg.get(b)
             if old is not g:
@@ -450,6 +496,39 @@ class GroupEvictionPolicy(EvictionPolicy):
                     old.n -= 1
                 bg[b] = g
                 g.n += 1
+
+    def _orphan(self, thread: Group, keys: Sequence[Hashable]) -> None:
+        """The session's thread with this agent continues without its free blocks (the
+        new prompt did not hit them). Those whose key the new prompt holds (behind an
+        evicted block: the request recomputes them) are duplicates, dead at once; the
+        rest (a branch the prompt left) move to a new stale group of the session."""
+        free = thread.free
+        thread.free = OrderedDict()
+        bk = getattr(getattr(self, "pool", None), "block_key", None)
+        dup: OrderedDict[int, tuple[int, float]] = OrderedDict()
+        if bk is not None:
+            ks = set(keys)
+            for b in [b for b in free if bk[b] in ks]:
+                dup[b] = free.pop(b)
+        for part, kind in ((free, STALE), (dup, DUP)):
+            if not part:
+                continue
+            self._stale_seq += 1  # a group per orphaning: each stays in free order
+            key = (kind, self._stale_seq)
+            st = thread.sess.groups[key] = Group(kind, key, thread.sess, None)
+            bg = self._bgroup
+            for b in part:
+                bg[b] = st
+            st.free = part
+            k = len(part)
+            thread.n -= k
+            st.n += k
+            if kind == STALE:
+                self._stale_n += k
+            self._touched[id(st)] = st
+        thread.ver += 1
+        self._nonempty.pop(id(thread), None)
+        self._touched[id(thread)] = thread
 
     def on_freed(self, ctx: RequestContext, blocks: list[int]) -> None:
         bg = self._bgroup
@@ -543,6 +622,11 @@ class GroupEvictionPolicy(EvictionPolicy):
     def on_evicted(self, block: int, key: Hashable) -> None:
         g = self._bgroup.pop(block, None)
         if g is not None:
+            if g.kind == STALE:  # remember it: a later request for it is still a reuse
+                gh = self._ghost
+                gh[key] = None
+                if len(gh) > self._capacity:
+                    gh.popitem(last=False)
             g.n -= 1
             if g.n <= 0 and not g.free:
                 self._drop_group(g)
@@ -600,6 +684,8 @@ class GroupEvictionPolicy(EvictionPolicy):
 
     def _rescore(self) -> None:
         now = self._now
+        if self._touched:  # a hit may have emptied a group since the last flush
+            self._flush(now)
         self._epoch = now
         self._pops_since = 0
         if self.r_min > 0:
@@ -628,6 +714,20 @@ class GroupEvictionPolicy(EvictionPolicy):
                 T = INF
             elif sig.gaps and g.sess.ended:
                 T = INF
+        elif kind == DUP:
+            T = INF
+        elif kind == STALE:
+            if self._stale_dead():
+                T = INF
+            else:  # the session's wait per expected reuse of a skipped block
+                q = self._stale_reuse()
+                if sig.gaps:
+                    T = self._session_wait(g.sess, now)
+                if T is None:
+                    pr = self._return_probability(g.sess, now) if sig.gaps else 1.0
+                    mult = 1.0 / max(pr * q, 0.02)
+                elif T != INF:
+                    T = T / q
         elif kind == THREAD:
             sess = g.sess
             if sig.gaps:
@@ -711,6 +811,8 @@ class GroupEvictionPolicy(EvictionPolicy):
         e = max(0.0, now - sess.last_s)
         if h is not None:
             return h.expected_wait_fast(e)
+        if sess.n == 1 and self._first_ready():
+            return self._first.expected_wait_fast(e)
         mode = self._gap_mode()
         if mode == "wait":
             g = self.gaps.histogram()
@@ -729,13 +831,33 @@ class GroupEvictionPolicy(EvictionPolicy):
             return "survival"
         return mode
 
+    def _first_ready(self) -> bool:
+        """The gaps after sessions' first requests (and first-request ends) are learned."""
+        f = self._first
+        return self.sig.first and f.n + f.ends >= self.gaps.min_samples and f.n >= 2
+
     def _return_probability(self, sess: Session, now: float) -> float:
         """P(the session comes back | idle for e) from all learned gaps and ends; 1 when
         too little is learned."""
         h = self.gaps.global_hist
         if self._gap_mode() != "survival" or h.n < self.gaps.min_samples or sess.n == 0:
             return 1.0
+        if sess.n == 1 and self._first_ready():
+            h = self._first
         return h.p_return(max(0.0, now - sess.last_s))
+
+    def _stale_reuse(self) -> float:
+        """Learned P(a skipped block is requested again within a cache's worth of
+        evictions); 1 until ``dead_min_samples`` skipped blocks are seen."""
+        n = self._stale_n
+        if n < self.dead_min_samples:
+            return 1.0
+        return max((self._stale_hits + 1) / (n + 2), 0.02)
+
+    def _stale_dead(self) -> bool:
+        n = self._stale_n
+        return (n >= self.dead_min_samples
+                and (self._stale_hits + 1) / (n + 2) < self.dead_max_reuse)
 
     def _outputs_dead(self) -> bool:
         n = self._out_n
@@ -755,6 +877,8 @@ class GroupEvictionPolicy(EvictionPolicy):
     def _end_session(self, s: Session) -> None:
         s.ended = True
         self.gaps.observe_end(s.tool, s.cluster)
+        if s.n == 1:
+            self._first.add_end()
         if s.agent is not None and self.sig.transitions:
             self.trans.observe(s.agent, END)
             self._at_dec(s.agent)

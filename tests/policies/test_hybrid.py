@@ -25,15 +25,24 @@ def test_registered():
 
 def _no_signal_trace(seed: int, n: int = 300) -> list[RequestContext]:
     """Sessions re-reading and extending their own chains; no tools, no outputs, no shared
-    prefixes, one timestamp (no timing): nothing for an agent-aware policy to learn."""
+    prefixes, one timestamp (no timing): nothing for an agent-aware policy to learn. A
+    session that branches off (truncates) keeps the old branch and often goes back to it,
+    so blocks a prompt skipped are reused as often as any (no "stale" signal either)."""
     rng = random.Random(seed)
     chains: dict[int, list[int]] = {}
+    branches: dict[int, list[list[int]]] = {}
     out = []
     nxt = 1
     for i in range(n):
         s = rng.randrange(12)
         ch = chains.setdefault(s, [])
-        if ch and (rng.random() < 0.3 or len(ch) > 16):
+        old = branches.setdefault(s, [])
+        if old and rng.random() < 0.5:
+            old.append(ch)
+            ch = chains[s] = list(old.pop(-2))
+            del old[:-2]
+        elif ch and (rng.random() < 0.3 or len(ch) > 16):
+            old.append(ch)
             ch = chains[s] = ch[: rng.randrange(1, len(ch) + 1)]
         for _ in range(rng.randrange(1, 5)):
             ch.append(nxt)
@@ -140,3 +149,22 @@ def test_generated_blocks_learned_dead_go_first():
     first = list(pol.eviction_order())[:10]
     assert all(isinstance(pool.block_key[b], tuple) and pool.block_key[b][0] == "gen"
                for b in first)
+
+
+def test_rescoring_between_two_allocations_sees_emptied_groups():
+    """A hit that empties a group's free blocks, then a re-scoring before any free or
+    eviction (two allocations in a row, as tiering's reloads do), must not fail."""
+    ctxs = pipeline_workload(seed=2, sessions=6, steps=3)
+    pol = make_policy("hybrid", block_size=16)
+    pool = BlockPool(10_000, 16, pol)
+    for c in ctxs[:-1]:
+        pool.free(pool.allocate(c))
+    again = RequestContext(request_id="again", keys=ctxs[-2].keys,
+                           input_length=ctxs[-2].input_length, now_s=ctxs[-1].now_s,
+                           session_id=ctxs[-2].session_id)
+    a = pool.allocate(again)
+    assert a.hit_blocks > 0
+    pol._rescore()  # what on_request does once the clock has advanced enough
+    pool.allocate(ctxs[-1])
+    order = list(pol.eviction_order())
+    assert len(order) == len(set(order))
