@@ -13,6 +13,14 @@ policy) gains ``router``, ``replicas``, ``ttft_p50_s``/``ttft_p90_s``/``ttft_p99
 ``preemptions``, ``session_time_mean_s``, ``per_replica`` (list) and, when ``belady`` ran,
 ``belady_gap`` (Belady's hit rate minus this one); ``hit_rate`` stays fleet-wide.
 ``--router pooled`` is one cache of the fleet's total size (the placement reference).
+
+``--tiering naive|temporal|tokencake`` gives every replica a host-memory KV tier
+(``anchorage.tiering``; ``--host-tier-gb``, ``--host-bw-gbs`` each way,
+``--offload-watermark``); each result then also has ``host_hit_rate``,
+``host_hit_blocks``, ``offloads``, ``reloads``, ``outcomes`` (reloads in time / late /
+wasted), ``offload_bytes``, ``reload_bytes``, ``bytes_moved``, ``gate`` (decisions by
+reason), ``reserved_blocks`` and ``tiering``. ``--agent-hints`` passes the trace's agent
+labels as client metadata (the spatial policy's agents).
 """
 
 from __future__ import annotations
@@ -66,6 +74,18 @@ def register(sub) -> None:
     t.add_argument("--max-sessions", type=int, default=None,
                    help="closed loop: N concurrent session slots (a session starts when "
                         "a slot frees); metrics cover the steady state")
+    tt = p.add_argument_group("host-memory tier (timed mode)")
+    tt.add_argument("--tiering", choices=["off", "naive", "temporal", "tokencake"],
+                    default="off",
+                    help="stall-aware KV offload to host memory (default off)")
+    tt.add_argument("--host-tier-gb", type=float, default=100.0,
+                    help="host tier capacity per replica in GB (default 100)")
+    tt.add_argument("--host-bw-gbs", type=float, default=25.0,
+                    help="host link bandwidth each way in GB/s (default 25)")
+    tt.add_argument("--offload-watermark", type=float, default=None,
+                    help="GPU memory pressure below which offloads are rejected (0.5)")
+    tt.add_argument("--agent-hints", action="store_true",
+                    help="use the trace's agent labels as client agent metadata")
     p.set_defaults(func=run)
 
 
@@ -115,6 +135,8 @@ def run(args) -> int:
     if args.block_size is not None and args.block_size <= 0:
         raise CLIError("--block-size must be positive")
     params = parse_params(args.param, scoped=True)
+    if args.tiering != "off" and args.mode != "timed":
+        raise CLIError("--tiering needs --mode timed")
     if args.mode == "sequential" and args.capacity_blocks is None and args.capacity_frac is None:
         raise CLIError("one of --capacity-blocks or --capacity-frac is required")
     reader = TraceReader(args.trace, lenient=args.lenient, block_size=args.block_size)
@@ -199,6 +221,12 @@ def run_timed_mode(args, records, contexts, bs, capacity, names, params, unique,
     if bad or not routers:
         raise CLIError(f"unknown router {', '.join(bad) or '(none)'}; known: {', '.join(known)}")
     router_params = parse_params(args.router_param, scoped=False)
+    tiering = tiering_config(args)
+    if tiering is not None and POOLED in routers:
+        raise CLIError("--tiering needs one pool per replica: not with --router pooled")
+    if args.agent_hints:
+        for c, r in zip(contexts, records):
+            c.agent_hint = r.agent
     try:
         profile = get_profile(args.profile).with_(block_size=bs)
         cfg = TimedConfig(profile, replicas=args.replicas, mode=args.arrivals,
@@ -212,9 +240,15 @@ def run_timed_mode(args, records, contexts, bs, capacity, names, params, unique,
         for name in names:
             t0 = time.perf_counter()
             try:
-                res = run_timed(records, contexts, cfg, name, router,
-                                policy_params=params.get(name),
-                                router_params=None if router == POOLED else router_params)
+                if tiering is not None:
+                    from anchorage.tiering.sim import run_tiered
+                    res = run_tiered(records, contexts, cfg, name, router, tiering=tiering,
+                                     policy_params=params.get(name),
+                                     router_params=router_params)
+                else:
+                    res = run_timed(records, contexts, cfg, name, router,
+                                    policy_params=params.get(name),
+                                    router_params=None if router == POOLED else router_params)
             except (TypeError, ValueError) as exc:
                 raise CLIError(f"{router}/{name}: {exc}") from None
             elapsed = time.perf_counter() - t0
@@ -230,6 +264,7 @@ def run_timed_mode(args, records, contexts, bs, capacity, names, params, unique,
                     r["belady_gap"] = bel[0]["hit_rate"] - r["hit_rate"]
     out = {
         "trace": args.trace, "mode": "timed", "profile": args.profile, "arrivals": args.arrivals,
+        "tiering": args.tiering,
         "replicas": args.replicas, "router": args.router, "block_size": bs,
         "capacity_blocks": cfg.capacity, "requests": len(records), "unique_blocks": unique,
         "infinite_hit_rate": infinite_hit_rate(contexts, bs), "skipped_lines": skipped,
@@ -243,7 +278,34 @@ def run_timed_mode(args, records, contexts, bs, capacity, names, params, unique,
           f"{args.profile}, {args.replicas} replicas x {cfg.capacity} blocks, "
           f"{args.arrivals}-loop arrivals")
     print(format_timed_table(results))
+    for r in results:
+        if "bytes_moved" in r:
+            print(f"{r['router']}/{r['policy']} tiering {args.tiering}: host hit rate "
+                  f"{r['host_hit_rate']:.2%}, {r['offloads']} offloads, {r['reloads']} reloads "
+                  f"{r['outcomes']}, {r['bytes_moved'] / 1e9:.1f} GB moved")
     return 0
+
+
+def tiering_config(args):
+    """The ``--tiering`` options as a ``TieringConfig`` (None when off); CLIError if bad."""
+    from anchorage.cli import CLIError
+
+    if getattr(args, "tiering", "off") == "off":
+        return None
+    if args.mode != "timed":
+        raise CLIError("--tiering needs --mode timed")
+    from anchorage.tiering.host_tier import GB, HostTierConfig
+    from anchorage.tiering.sim import TieringConfig
+    from anchorage.tiering.temporal import GateParams
+    try:
+        host = HostTierConfig(capacity_bytes=args.host_tier_gb * GB,
+                              d2h_bytes_s=args.host_bw_gbs * GB,
+                              h2d_bytes_s=args.host_bw_gbs * GB)
+        gate = (GateParams() if args.offload_watermark is None
+                else GateParams(watermark=args.offload_watermark))
+        return TieringConfig(mode=args.tiering, host=host, gate=gate)
+    except ValueError as exc:
+        raise CLIError(f"bad tiering option: {exc}") from None
 
 
 def router_choices() -> list[str]:

@@ -30,9 +30,13 @@ prompt's full-block keys, agent, pending tool, when its turn ended.
   dropped before use), and
   any continuation of the prompt still in host memory is reloaded on demand (a late
   reload: the request holds its blocks but is not scheduled until the copy is done).
+- Pressure (the gate's ``gpu_usage`` and the reserved pool's feedback): blocks held by
+  running requests plus the incremental demand of the first ``max_waiting_scan`` (32)
+  queued requests, over the capacity, capped at 1 (a stalled session's blocks are free,
+  cached, in vLLM; what evicts them is the queue's demand).
 - Spatial (``tokencake``, every ``spatial_interval_s``): agent scores from the learned
-  transition graph, queueing, usage and active sessions; the reserved pool sized from GPU
-  usage and split among the critical agents (``TieredEviction.set_reservation``); the
+  transition graph, queueing, usage and active sessions; the reserved pool sized from the
+  pressure and split among the critical agents (``TieredEviction.set_reservation``); the
   waiting queue ordered by criticality (``admission_rank``); the gate's penalty uses the
   agent's normalised criticality.
 
@@ -157,6 +161,19 @@ class SimTiering:
 
     def _gpu_run(self, keys) -> int:
         return self.pool.num_hit_blocks(keys, len(keys) * self.bs + 1)
+
+    def _pressure(self, waiting=None) -> float:
+        """GPU memory pressure: blocks held by running requests plus the incremental demand
+        of the first queued ones, over the capacity (capped at 1). Held blocks alone
+        understate it here: a stalled session's blocks are free (cached) in vLLM, and the
+        queue's demand is what would evict them."""
+        pool = self.pool
+        if waiting is None:
+            waiting = [(max(0, pool.blocks_needed(r.prefill_target)
+                            - pool.num_hit_blocks(r.ctx.keys, r.ctx.input_length)), 0)
+                       for _, r in zip(range(self.cfg.max_waiting_scan), self.rep.waiting)]
+        held = pool.capacity_blocks - pool.num_free_blocks
+        return min(1.0, (held + sum(d for d, _ in waiting)) / pool.capacity_blocks)
 
     def _head_demand(self) -> int:
         w = self.rep.waiting
@@ -283,10 +300,11 @@ class SimTiering:
                     r.prefill_target)
                    for _, r in zip(range(self.cfg.max_waiting_scan), self.rep.waiting)]
         crit = self.crit.get(st.agent, 0.0) if self.mode == "tokencake" else 0.0
+        pressure = self._pressure(waiting)
         inp = GateInput(
             stall_s=stall,
             offload_s=max(0.0, d2h.busy_until - now) + d2h.duration(n_new * self.bb),
-            reload_s=h2d.duration(n_gpu * self.bb), gpu_usage=pool.usage,
+            reload_s=h2d.duration(n_gpu * self.bb), gpu_usage=pressure,
             host_free_blocks=self.host.capacity_blocks - self.pinned, offload_blocks=n_new,
             freed_blocks=n_gpu,
             free_blocks=pool.num_free_blocks - pool.num_cached_free_blocks,
@@ -394,7 +412,7 @@ class SimTiering:
         self.crit = sp.criticality(scores)
         self._sorted = False
         p = self.cfg.spatial
-        total = int(sp.reserved_fraction(self.pool.usage, p) * self.pool.capacity_blocks)
+        total = int(sp.reserved_fraction(self._pressure(), p) * self.pool.capacity_blocks)
         shares = sp.split_reservation(total, sp.critical_agents(scores, p), usage, scores, p)
         self.policy.set_reservation(shares, now)
         self.spatial_updates += 1
