@@ -20,8 +20,10 @@ head; only the first ``ANCHORAGE_ADMISSION_WINDOW`` (default 128) fresh requests
 reordered, the rest stay FCFS behind them.
 
 Cost per step: O(n log n) for the n reordered requests plus the prefix lookups, which are
-incremental (a request's last hit count is re-validated with two dictionary lookups and
-extended; a full walk only after one of its blocks was evicted).
+incremental: a request's last hit count ``k`` is re-validated by its first, middle and last
+blocks (three dictionary lookups), then extended; a full walk only when one of those left
+the cache. (An eviction elsewhere inside the hit goes unseen until then: the order is a
+heuristic; vLLM's own prefix lookup at admission stays exact.)
 
 Stays stock (one warning, the class behaves exactly as vLLM's) when vLLM is not 0.32.x or
 an internal shape is unexpected: priority scheduling (``--scheduling-policy priority``),
@@ -156,6 +158,7 @@ class PrefixAwareMixin:
         from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
 
         pool = self.kv_cache_manager.block_pool
+        self._anchorage_pool = pool
         self._anchorage_lookup = pool.cached_block_hash_to_block.get_one_block
         self._anchorage_key = make_block_hash_with_group_id
         self._anchorage_bs = int(pool.hash_block_size)
@@ -191,7 +194,9 @@ class PrefixAwareMixin:
         if getattr(request, "skip_reading_prefix_cache", False):
             return -(-request.num_tokens // self._anchorage_bs)  # vLLM will not read the cache
         k = self._anchorage_hits.get(request.request_id, 0)
-        if k > n or (k > 0 and lookup(key(hashes[k - 1], 0)) is None):
+        if k > n or (k > 0 and (lookup(key(hashes[k - 1], 0)) is None
+                                or lookup(key(hashes[k // 2], 0)) is None
+                                or lookup(key(hashes[0], 0)) is None)):
             k = 0  # a block of the known hit left the cache: walk again
         while k < n and lookup(key(hashes[k], 0)) is not None:
             k += 1
@@ -222,6 +227,9 @@ class PrefixAwareMixin:
                 rest.append(r)
         if len(fresh) < 2:
             return
+        pool = getattr(self, "_anchorage_pool", None)
+        if pool is not None:  # reset_prefix_cache replaces the map: re-read it each step
+            self._anchorage_lookup = pool.cached_block_hash_to_block.get_one_block
         order = admission_order(fresh, self._anchorage_new_blocks,
                                 lambda r: r.arrival_time, time.time(),
                                 self.anchorage_aging_s)

@@ -139,6 +139,9 @@ def test_startup_precedence_and_rejected_parameters(tmp_path, monkeypatch, caplo
 # -- in the real engine ---------------------------------------------------------------------
 
 
+KEEP_ALIVE: list = []
+
+
 def write_config(path, text):
     """As a ConfigMap update does: a new file renamed over the old one."""
     tmp = path.with_name(path.name + ".tmp")
@@ -181,11 +184,11 @@ def cfg_engine(tmp_path_factory):
             else:
                 os.environ[k] = v
     pool = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager.block_pool
-    yield llm, pool, path, SamplingParams, TokensPrompt
+    KEEP_ALIVE.append(llm)  # destroying an in-process engine tears down vLLM's process
+    yield llm, pool, path, SamplingParams, TokensPrompt  # groups under the session's engine
     drv = vllm_block_pool._driver(pool)
     if drv is not None and drv.exporter is not None:
         drv.exporter.stop()
-    del llm
 
 
 def serve(llm, SP, TP, n, seed, on_step=None):

