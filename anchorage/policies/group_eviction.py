@@ -769,7 +769,10 @@ class GroupEvictionPolicy(EvictionPolicy):
                         T = INF  # low survival (Poisson reuse at rate 1 / T)
         if T is not None and T > self.horizon_s:
             T = INF  # far reuse
-        g.K = None if T is None else now + T
+        # in the epoch frame, like the recency keys: a recency group freed since the last
+        # re-scoring reads K = epoch, so now + T would put every scored group (anchors
+        # first) ahead of all of them for eviction until the next re-scoring
+        g.K = None if T is None else self._epoch + T
         g.mult, g.add = mult, add
 
     def _thread_survival(self, sess: Session, now: float) -> float:
