@@ -27,8 +27,15 @@ from __future__ import annotations
 import logging
 import os
 
-from anchorage.node_agent.config import (ENV_CONFIG, ENV_POLICY, OFF, ConfigWatcher,  # noqa: F401
-                                         PolicyConfig, check_interval_s, env_policy)
+from anchorage.node_agent.config import (  # noqa: F401
+    ENV_CONFIG,
+    ENV_POLICY,
+    OFF,
+    ConfigWatcher,
+    PolicyConfig,
+    check_interval_s,
+    env_policy,
+)
 
 log = logging.getLogger("anchorage.node_agent")
 

@@ -40,7 +40,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from anchorage.node_agent.config import ConfigWatcher, PolicyConfig
 
@@ -113,7 +114,7 @@ class PolicyReloader:
             if cfg is None or cfg == self.current:
                 return False
             return self.apply(cfg)
-        except Exception as exc:  # noqa: BLE001 - never break serving for a config
+        except Exception as exc:  # never break serving for a config
             log.warning("anchorage: config %s not applied (%s: %s); the previous config "
                         "stays in force", self.watcher.path, exc.__class__.__name__, exc,
                         exc_info=True)

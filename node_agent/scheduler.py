@@ -247,7 +247,7 @@ class PrefixAwareMixin:
         if self.anchorage_enabled:
             try:
                 self._anchorage_reorder()
-            except Exception:  # noqa: BLE001 - the queue is intact: stock order this step
+            except Exception:  # the queue is intact: stock order this step
                 self.anchorage_errors += 1
                 if self.anchorage_errors == 1:
                     log.warning("anchorage: prefix-aware reordering failed; stock order for "

@@ -27,7 +27,8 @@ waiting on something other than a free slot) keep their place ahead of the rest.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence, TypeVar
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 T = TypeVar("T")
 

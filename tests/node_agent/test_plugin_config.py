@@ -8,10 +8,15 @@ import logging
 import os
 
 import pytest
-
-from anchorage.node_agent.config import (ConfigError, ConfigWatcher, PolicyConfig,
-                                         check_interval_s, env_policy, parse_policy_config,
-                                         policy_params)
+from anchorage.node_agent.config import (
+    ConfigError,
+    ConfigWatcher,
+    PolicyConfig,
+    check_interval_s,
+    env_policy,
+    parse_policy_config,
+    policy_params,
+)
 
 DOC = """\
 generation: 4

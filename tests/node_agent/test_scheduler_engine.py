@@ -15,8 +15,12 @@ import random
 
 import pytest
 
-from tests.node_agent.conftest import BLOCK_SIZE, MAX_MODEL_LEN, NUM_GPU_BLOCKS, TINY_LLAMA
-
+from tests.node_agent.conftest import (
+    BLOCK_SIZE,
+    MAX_MODEL_LEN,
+    NUM_GPU_BLOCKS,
+    TINY_LLAMA,
+)
 
 KEEP_ALIVE: list = []
 
