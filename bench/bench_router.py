@@ -15,6 +15,21 @@ the start is recorded next to the numbers.
 
     .venv/bin/python bench/bench_router.py [--sessions 10000] [--replicas 64]
         [--decisions 20000] [--policies agent,prefix,...] [--out bench/results/router.json]
+    .venv/bin/python bench/bench_router.py --sim [--sim-replicas 4,8] [--sim-scales 3,2,1.75,1.5]
+        [--jobs 2] [--out bench/results/router_sim.json]
+
+``--sim`` measures instead placement quality in the cluster simulator
+(``anchorage.sim.cluster``): ``h200-llama3-8b`` replicas (``--sim-replicas 4,8``) with
+``--sim-capacity`` KV blocks each, every replica under the ``hybrid`` eviction policy,
+on a generated multi-agent workload (``random`` topology, 16 agents, 100 sessions and 16
+concurrent sessions per replica, seed 1), open-loop arrivals swept over
+``--sim-scales`` (trace time multipliers: 2.0 = half the trace's rate). For each size:
+``round_robin`` and ``agent`` at every rate (the TTFT curve), and ``pooled`` (one cache of
+the fleet's total size: the reference), ``prefix`` and ``least_loaded`` at the *knee*:
+the lowest rate at which ``round_robin``'s TTFT p90 exceeds twice its value at the
+lightest rate (queueing starts to dominate: "near saturation"). Targets (issue 5):
+``agent`` >= 95 % of ``pooled``'s hit rate and >= ``prefix`` + 10 points, and TTFT p90 at
+most half of ``round_robin``'s at the knee. Results: ``bench/results/router_sim.json``.
 
 ``--serve`` measures instead the router's overhead through Ray Serve: sequential
 ``/v1/completions`` latency (p50/p99) sent directly to an upstream vs through the router
@@ -190,6 +205,118 @@ def serve_overhead(args) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------------------
+# --sim: placement quality in the cluster simulator
+
+SIM_AGENTS, SIM_SESSIONS_PER_REPLICA, SIM_CONCURRENCY_PER_REPLICA = 16, 100, 16
+_TRACES: dict = {}
+
+
+def _sim_trace(replicas: int):
+    if replicas not in _TRACES:
+        from anchorage.sim.replay import make_contexts
+        from anchorage.trace.generate import generate
+        _, recs = generate("random", SIM_AGENTS, SIM_SESSIONS_PER_REPLICA * replicas, seed=1,
+                           block_size=16, concurrency=SIM_CONCURRENCY_PER_REPLICA * replicas)
+        _TRACES[replicas] = (recs, make_contexts(recs))
+    return _TRACES[replicas]
+
+
+def sim_run(job: tuple) -> dict:
+    """One simulation: (replicas, capacity, time scale, router, eviction policy)."""
+    from anchorage.sim.cluster import TimedConfig, run_timed
+    from anchorage.sim.profiles import get_profile
+    replicas, capacity, scale, router, policy = job
+    recs, ctxs = _sim_trace(replicas)
+    cfg = TimedConfig(get_profile("h200-llama3-8b").with_(block_size=16), replicas=replicas,
+                      mode="open", time_scale=scale, capacity_blocks=capacity)
+    t0 = time.perf_counter()
+    res = run_timed(recs, ctxs, cfg, policy, router)
+    span = recs[-1].timestamp / 1000.0 * scale
+    util = [p["utilization"] for p in res["per_replica"]]
+    return {"replicas": replicas, "capacity_blocks": capacity, "time_scale": scale,
+            "rate_rps": len(recs) / span, "router": router, "policy": policy,
+            "hit_rate": res["hit_rate"], "ttft_p50_s": res["ttft_p50_s"],
+            "ttft_p90_s": res["ttft_p90_s"], "ttft_mean_s": res["ttft_mean_s"],
+            "throughput_rps": res["throughput_rps"], "preemptions": res["preemptions"],
+            "utilization_mean": sum(util) / len(util), "utilization_max": max(util),
+            "requests": res["requests"], "sim_s": time.perf_counter() - t0}
+
+
+def _map(fn, jobs: list, n: int) -> list:
+    if n <= 1:
+        return [fn(j) for j in jobs]
+    import multiprocessing
+    with multiprocessing.get_context("fork").Pool(n) as pool:
+        return pool.map(fn, jobs, chunksize=1)
+
+
+def knee(curve: list[dict]) -> dict:
+    """The lowest rate whose TTFT p90 exceeds twice the lightest rate's (else the heaviest)."""
+    curve = sorted(curve, key=lambda r: r["rate_rps"])
+    base = curve[0]["ttft_p90_s"]
+    return next((r for r in curve if r["ttft_p90_s"] > 2 * base), curve[-1])
+
+
+def sim_bench(args) -> int:
+    sizes = [int(x) for x in args.sim_replicas.split(",")]
+    scales = sorted((float(x) for x in args.sim_scales.split(",")), reverse=True)
+    pol, cap = args.sim_policy, args.sim_capacity
+    load = os.getloadavg()[0]
+    print(f"cluster simulation, h200-llama3-8b, {cap} blocks per replica, {pol} eviction, "
+          f"open loop; load average {load:.1f}", flush=True)
+    rows = _map(sim_run, [(n, cap, sc, r, pol) for n in sizes for sc in scales
+                          for r in ("round_robin", "agent")], args.jobs)
+    knees = {}
+    for n in sizes:
+        rr = [r for r in rows if r["replicas"] == n and r["router"] == "round_robin"]
+        knees[n] = knee(rr)["time_scale"]
+    rows += _map(sim_run, [(n, cap, knees[n], r, pol) for n in sizes
+                           for r in ("pooled", "prefix", "least_loaded")], args.jobs)
+    summary = []
+    for n in sizes:
+        print(f"\n{n} replicas: TTFT p90 curve (knee: time scale {knees[n]})")
+        print(f"{'rate rps':>9}{'rr p90 s':>10}{'agent p90 s':>13}{'ratio':>7}{'rr hit':>8}"
+              f"{'agent hit':>10}{'rr util':>9}")
+        for sc in scales:
+            a = next(r for r in rows if (r["replicas"], r["time_scale"], r["router"]) == (n, sc, "agent"))
+            b = next(r for r in rows if (r["replicas"], r["time_scale"], r["router"]) == (n, sc, "round_robin"))
+            print(f"{b['rate_rps']:>9.2f}{b['ttft_p90_s']:>10.2f}{a['ttft_p90_s']:>13.2f}"
+                  f"{a['ttft_p90_s'] / b['ttft_p90_s']:>7.2f}{b['hit_rate']:>8.1%}"
+                  f"{a['hit_rate']:>10.1%}{b['utilization_mean']:>9.2f}")
+        at = {r["router"]: r for r in rows if r["replicas"] == n and r["time_scale"] == knees[n]}
+        ref = at["pooled"]["hit_rate"]
+        print(f"{'router':<14}{'hit':>8}{'% pooled':>10}{'TTFT p90 s':>12}{'p50 s':>8}  at the knee "
+              f"({at['round_robin']['rate_rps']:.2f} req/s)")
+        for name in ("pooled", "agent", "prefix", "least_loaded", "round_robin"):
+            r = at[name]
+            print(f"{name:<14}{r['hit_rate']:>8.1%}{r['hit_rate'] / ref:>10.1%}"
+                  f"{r['ttft_p90_s']:>12.2f}{r['ttft_p50_s']:>8.2f}")
+        a = at["agent"]
+        s = {"replicas": n, "knee_time_scale": knees[n], "knee_rate_rps": a["rate_rps"],
+             "agent_pct_of_pooled": a["hit_rate"] / ref,
+             "agent_minus_prefix_points": 100 * (a["hit_rate"] - at["prefix"]["hit_rate"]),
+             "agent_ttft_p90_over_round_robin": a["ttft_p90_s"] / at["round_robin"]["ttft_p90_s"]}
+        s["targets_met"] = {"pct_of_pooled>=95": s["agent_pct_of_pooled"] >= 0.95,
+                            "vs_prefix>=+10": s["agent_minus_prefix_points"] >= 10,
+                            "ttft_p90<=half_rr": s["agent_ttft_p90_over_round_robin"] <= 0.5}
+        summary.append(s)
+        print(f"agent: {s['agent_pct_of_pooled']:.1%} of pooled, "
+              f"{s['agent_minus_prefix_points']:+.1f} points vs prefix, TTFT p90 x"
+              f"{s['agent_ttft_p90_over_round_robin']:.2f} of round_robin; {s['targets_met']}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
+        "benchmark": "router_sim_placement", "profile": "h200-llama3-8b", "policy": pol,
+        "capacity_blocks": cap, "workload": {"topology": "random", "agents": SIM_AGENTS,
+                                             "sessions_per_replica": SIM_SESSIONS_PER_REPLICA,
+                                             "concurrency_per_replica": SIM_CONCURRENCY_PER_REPLICA,
+                                             "seed": 1, "block_size": 16},
+        "arrivals": "open", "knee_rule": "lowest rate with round_robin TTFT p90 > 2x the lightest rate's",
+        "load_average": load, "summary": summary, "rows": rows}, indent=1))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sessions", type=int, default=10_000)
@@ -202,7 +329,18 @@ def main() -> int:
     ap.add_argument("--out", default="bench/results/router.json")
     ap.add_argument("--serve", action="store_true", help="router overhead through Ray Serve")
     ap.add_argument("--requests", type=int, default=300, help="--serve: requests per path")
+    ap.add_argument("--sim", action="store_true", help="placement quality in the cluster simulator")
+    ap.add_argument("--sim-replicas", default="4,8")
+    ap.add_argument("--sim-scales", default="3,2,1.75,1.5",
+                    help="open-loop trace time multipliers (the rate sweep)")
+    ap.add_argument("--sim-capacity", type=int, default=4000, help="KV blocks per replica")
+    ap.add_argument("--sim-policy", default="hybrid", help="eviction policy of every replica")
+    ap.add_argument("--jobs", type=int, default=1, help="--sim: parallel simulations")
     args = ap.parse_args()
+    if args.sim:
+        if args.out == "bench/results/router.json":
+            args.out = "bench/results/router_sim.json"
+        return sim_bench(args)
     if args.serve:
         if args.policies == ",".join(router_names()):
             args.policies = "round_robin,agent"

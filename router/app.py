@@ -283,8 +283,12 @@ def build_app(cfg: RouterConfig) -> FastAPI:
         async def _relay(self, resp: httpx.Response, ctx, rid: int, predicted: int):
             tail = b""
             outcome = "ok"
+            first = True
             try:
                 async for chunk in resp.aiter_raw():
+                    if first:      # the first token: its prompt left the replica's queue
+                        first = False
+                        self.state.first_byte.remote(ctx, rid)
                     tail = (tail + chunk)[-8192:]
                     yield chunk
                 if b"[DONE]" not in tail:

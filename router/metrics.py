@@ -31,6 +31,10 @@ class RouterMetrics:
                              ["replica"], registry=r)
         self.inflight = Gauge("anchorage_router_replica_inflight", "Requests in flight per replica",
                               ["replica"], registry=r)
+        self.queued_tokens = Gauge("anchorage_router_replica_queued_tokens",
+                                   "Estimated prefill tokens queued per replica (sent, no "
+                                   "first byte yet, less predicted cache hits)",
+                                   ["replica"], registry=r)
 
     def text(self) -> bytes:
         return generate_latest(self.registry)

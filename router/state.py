@@ -3,10 +3,23 @@ actor (``app.RoutingStateActor``), so all replicas see the same sessions, prefix
 in-flight counts (per-process state would herd each replica onto its own "best" backend).
 
 It owns: the upstream table (stable id, URL, health, in-flight, scraped queue and KV
-usage), the routing policy (``anchorage.routing``), admission (429 when every healthy
+usage, estimated queued prefill tokens), the routing policy (``anchorage.routing``), admission (429 when every healthy
 replica is at ``max_inflight_per_replica``), passive and active health (ejection after
 ``eject_after_failures`` consecutive failures, readmission on a good probe) and the
 metrics. It is plain Python: unit-testable without Ray; the actor only wraps it.
+
+Load signal handed to the policy (``ReplicaView``), per replica:
+
+- ``waiting`` = ``vllm:num_requests_waiting`` and ``running`` = ``max(in-flight from this
+  router, vllm:num_requests_running + waiting) - waiting`` (the scrape, every
+  ``health_interval_s``, sees every client's requests; the in-flight count is fresh);
+- ``kv_usage`` = ``vllm:kv_cache_usage_perc``;
+- ``queued_tokens``: vLLM exports no token-denominated queue gauge (0.32), so the router
+  estimates it from what it sent: each request adds ``input_length - predicted cached
+  tokens`` (the policy's ``predicted_hit_blocks`` x tokens per key) when it is sent, and
+  removes it at its first response byte (``first_byte``: a streamed response's first
+  chunk comes with the first token, i.e. when the prefill is done) or when it ends.
+  Requests other clients send a replica are in ``waiting``, not in this estimate.
 """
 
 from __future__ import annotations
@@ -28,7 +41,8 @@ from anchorage.router.metrics import RouterMetrics
 
 log = logging.getLogger("anchorage.router")
 
-_GAUGES = {"vllm:num_requests_waiting": "waiting", "vllm:kv_cache_usage_perc": "kv_usage"}
+_GAUGES = {"vllm:num_requests_waiting": "waiting", "vllm:num_requests_running": "running",
+           "vllm:kv_cache_usage_perc": "kv_usage"}
 _LINE = re.compile(r"^(vllm:[a-z_]+)(?:\{[^}]*\})?\s+([0-9.eE+-]+)$")
 
 
@@ -38,8 +52,10 @@ class Upstream:
     url: str
     healthy: bool = True
     inflight: int = 0
-    waiting: int = 0
-    kv_usage: float = 0.0
+    waiting: int = 0           # scraped
+    running: int = 0           # scraped
+    kv_usage: float = 0.0      # scraped
+    queued_tokens: int = 0     # estimated: prompts sent, no first byte yet
     failures: int = 0          # consecutive
 
 
@@ -65,6 +81,7 @@ class RoutingState:
         self.translator = VLLMEventTranslator()
         self._kv_inbox: collections.deque = collections.deque()   # (url, events), any thread
         self.kv_events_applied = 0
+        self._prefill: dict[tuple[int, int], int] = {}   # (replica, request id) -> tokens
         self.set_replicas(self.cfg.replicas)
 
     # -- membership -----------------------------------------------------------------
@@ -117,7 +134,9 @@ class RoutingState:
     def _views(self, ups: list[Upstream]) -> list[ReplicaView]:
         cap = self.cfg.max_inflight_per_replica
         return [ReplicaView(index=u.id, name=u.url, healthy=u.inflight < cap,
-                            running=u.inflight, waiting=u.waiting, kv_usage=u.kv_usage)
+                            running=max(u.inflight, u.running + u.waiting) - u.waiting,
+                            waiting=u.waiting, kv_usage=u.kv_usage,
+                            queued_tokens=u.queued_tokens)
                 for u in ups]
 
     # -- decisions ------------------------------------------------------------------
@@ -140,14 +159,28 @@ class RoutingState:
         up = ups[p]
         predicted = int(self.router.predicted_hit_blocks(ctx, up.id) * tokens_per_key)
         self.router.on_start(ctx, up.id)
+        prefill = max(0, int(ctx.input_length) - predicted)
+        self._prefill[(up.id, ctx.request_id)] = prefill
+        up.queued_tokens += prefill
+        self.metrics.queued_tokens.labels(up.url).set(up.queued_tokens)
         up.inflight += 1
         self.metrics.inflight.labels(up.url).set(up.inflight)
         return {"status": "ok", "replica": up.id, "url": up.url, "predicted_tokens": predicted}
+
+    def first_byte(self, ctx: RequestContext, replica: int) -> None:
+        """The replica started answering ``ctx`` (its prefill is done): its prompt leaves
+        the replica's queued tokens."""
+        tokens = self._prefill.pop((replica, ctx.request_id), None)
+        up = self.upstreams.get(replica)
+        if tokens is not None and up is not None:
+            up.queued_tokens = max(0, up.queued_tokens - tokens)
+            self.metrics.queued_tokens.labels(up.url).set(up.queued_tokens)
 
     def finish(self, ctx: RequestContext, replica: int, outcome: str,
                usage: dict[str, Any] | None = None, predicted_tokens: int = 0) -> None:
         """A request attempt ended. ``outcome``: ok, client_error, upstream_error,
         connect_error, retried, cancelled (the client left)."""
+        self.first_byte(ctx, replica)
         up = self.upstreams.get(replica)
         url = up.url if up else f"removed-{replica}"
         if up is not None:
@@ -203,6 +236,7 @@ class RoutingState:
                 if m.status_code == 200:
                     g = parse_vllm_gauges(m.text)
                     up.waiting = int(g.get("waiting", 0))
+                    up.running = int(g.get("running", 0))
                     up.kv_usage = float(g.get("kv_usage", 0.0))
             except Exception:  # noqa: BLE001 - metrics are optional
                 pass
@@ -225,7 +259,8 @@ class RoutingState:
     # -- introspection --------------------------------------------------------------
     def snapshot(self) -> list[dict[str, Any]]:
         return [{"id": u.id, "url": u.url, "healthy": u.healthy, "inflight": u.inflight,
-                 "failures": u.failures, "waiting": u.waiting, "kv_usage": u.kv_usage,
+                 "failures": u.failures, "waiting": u.waiting, "running": u.running,
+                 "kv_usage": u.kv_usage, "queued_tokens": u.queued_tokens,
                  "kv_events_applied": self.kv_events_applied}
                 for u in self.upstreams.values()]
 

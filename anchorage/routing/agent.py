@@ -49,7 +49,7 @@ from typing import Hashable, Sequence
 from anchorage.policies.base import RequestContext
 from anchorage.routing.base import ReplicaView, Router, healthy_positions
 from anchorage.routing.keys import agent_id
-from anchorage.routing.load import load_score, overloaded
+from anchorage.routing.load import TOKENS_PER_REQUEST, load_score, overloaded
 from anchorage.routing.prefix_index import PrefixIndex
 
 
@@ -85,9 +85,13 @@ class AgentRouter(Router):
                  spill_ratio: float = 1.5, spill_abs: float = 4.0, kv_spill: float = 0.98,
                  max_sessions: int = 200_000, capacity_blocks: int = 100_000,
                  min_agent_load: float = 1e-3, warmup_per_replica: float = 8.0,
-                 new_ratio: float = 1.25, new_abs: float = 2.0) -> None:
+                 new_ratio: float = 1.25, new_abs: float = 2.0,
+                 tokens_per_request: float = TOKENS_PER_REQUEST) -> None:
         if anchor_blocks < 1 or half_life_s <= 0 or spread <= 0:
             raise ValueError("anchor_blocks >= 1, half_life_s > 0 and spread > 0 required")
+        if tokens_per_request < 0:
+            raise ValueError("tokens_per_request must be >= 0")
+        self.tokens_per_request = tokens_per_request
         self.anchor_blocks = anchor_blocks
         self.half_life_s = half_life_s
         self.spread = spread
@@ -148,17 +152,19 @@ class AgentRouter(Router):
         at = {replicas[p].index: p for p in pos}
         for r in replicas:
             self.index.set_capacity(r.index, r.capacity_blocks or self._capacity)
-        mean = sum(replicas[p].load for p in pos) / len(pos)
+        tpr = self.tokens_per_request
+        load = {p: load_score(replicas[p], 1.0, tpr) for p in pos}
+        mean = sum(load.values()) / len(pos)
 
         def over(p: int) -> bool:
-            r = replicas[p]
-            return (overloaded(r.load, mean, self.spill_ratio, self.spill_abs)
-                    or r.kv_usage >= self.kv_spill)
+            return (overloaded(load[p], mean, self.spill_ratio, self.spill_abs)
+                    or replicas[p].kv_usage >= self.kv_spill)
 
         now = ctx.now_s
         a = agent_id(ctx, self.anchor_blocks)
         a_load = self._record(a, now)
-        skey = (ctx.tenant, ctx.session_id) if ctx.session_id is not None else None
+        # the history a request extends is its thread: its session's prompts for its agent
+        skey = (ctx.tenant, ctx.session_id, a) if ctx.session_id is not None else None
 
         if skey is not None:
             r = self.sessions.get(skey)
@@ -170,7 +176,7 @@ class AgentRouter(Router):
         members = [r for r in self.placement.get(a, ()) if r in at]
         target = self._target(a_load, now, len(pos))
         if len(members) < target:
-            self._grow(a, ctx, members, target, replicas, pos, at, now)
+            self._grow(a, ctx, members, target, replicas, pos, at, now, load)
         elif len(members) > target + 1:
             del members[target + 1:]
         self.placement[a] = members
@@ -178,16 +184,16 @@ class AgentRouter(Router):
         ok = [at[r] for r in members if not over(at[r])]
         if ok and self.new_ratio > 0 and (skey is None or skey not in self.sessions):
             # a new session carries no history: a much lighter replica outweighs the anchor
-            lightest = min(replicas[p].load for p in pos)
-            if min(replicas[p].load for p in ok) > self.new_ratio * lightest + self.new_abs:
+            lightest = min(load.values())
+            if min(load[p] for p in ok) > self.new_ratio * lightest + self.new_abs:
                 ok = []
         if ok:
             keys = ctx.keys
             choice = min(ok, key=lambda p: (-self.index.match_len(replicas[p].index, keys),
-                                            load_score(replicas[p])))
+                                            load[p]))
         else:
             outside = [p for p in pos if replicas[p].index not in members]
-            choice = min(outside or pos, key=lambda p: load_score(replicas[p]))
+            choice = min(outside or pos, key=load.__getitem__)
             if outside:
                 members.append(replicas[choice].index)
                 self.spills += 1
@@ -200,7 +206,7 @@ class AgentRouter(Router):
 
     def _grow(self, a: Hashable, ctx: RequestContext, members: list[int], target: int,
               replicas: Sequence[ReplicaView], pos: list[int], at: dict[int, int],
-              now: float) -> None:
+              now: float, load: dict[int, float]) -> None:
         label = agent_label(a)
         anchor = list(ctx.keys[: self.anchor_blocks])
         commit = self._commitment(now)
@@ -228,7 +234,7 @@ class AgentRouter(Router):
                 r = replicas[p]
                 holds = (reports_anchor(r)
                          or (anchor and self.index.match_len(r.index, anchor) == len(anchor)))
-                return (not holds, round(commit.get(r.index, 0.0), 6), load_score(r))
+                return (not holds, round(commit.get(r.index, 0.0), 6), load[p])
             best = min(cands, key=rank)
             members.append(replicas[best].index)
 

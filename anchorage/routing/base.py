@@ -39,6 +39,12 @@ class NoReplicaError(RuntimeError):
 class ReplicaView:
     """What a router may know about one replica at decision time.
 
+    ``queued_tokens`` is the prefill work queued on the replica, in tokens: the prompts
+    of its waiting requests plus the prefill its running requests still have to compute
+    (the simulator knows it exactly; the Ray app estimates it from the prompts it sent
+    that have not produced a first token yet). ``load_score`` (``anchorage.routing.load``)
+    folds it into one comparable number with the request counts and KV usage.
+
     ``extra`` carries optional replica policy state, e.g. ``{"anchors": [agent ids the
     replica's eviction policy protects or is prefetching]}`` (read by the ``agent``
     router) or ``{"max_load": 32}`` (saturation bound)."""
@@ -49,6 +55,7 @@ class ReplicaView:
     running: int = 0            # requests running
     waiting: int = 0            # requests queued
     kv_usage: float = 0.0       # 0..1 fraction of KV blocks in use
+    queued_tokens: int = 0      # prefill tokens waiting or still to compute
     capacity_blocks: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 

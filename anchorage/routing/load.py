@@ -1,8 +1,14 @@
 """Load predicates shared by the routers.
 
-- ``load_score(r, kv_weight) = r.running + r.waiting + kv_weight * r.kv_usage``: the
-  quantity every router compares (queue first; KV usage breaks near-ties and counts when
-  queues are empty).
+- ``load_score(r, kv_weight, tokens_per_request)`` =
+  ``r.running + r.waiting + r.queued_tokens / tokens_per_request + kv_weight * r.kv_usage``:
+  the one number every router compares. Request counts say how many sequences a replica
+  serves; queued prefill tokens say how much work stands before a new request's first
+  token (ten queued 16k-token prompts are not ten queued 200-token ones), counted in
+  request equivalents (``tokens_per_request``, default ``TOKENS_PER_REQUEST`` = 2048: one
+  queued request per 2,048 prompt tokens still to prefill); KV usage breaks near-ties and
+  counts when queues are empty. ``tokens_per_request = 0`` ignores queued tokens (the
+  request-count signal alone).
 - ``is_imbalanced(loads, abs_t, rel_t)``: SGLang's cache-aware router predicate:
   ``max - min > abs_t and max > rel_t * min``. When it holds, cache affinity yields to load.
 - ``overloaded(load, mean, ratio, abs_t)``: ``load > ratio * mean + abs_t`` (spill rule).
@@ -15,9 +21,15 @@ from typing import Sequence
 
 from anchorage.routing.base import ReplicaView
 
+TOKENS_PER_REQUEST = 2048.0
 
-def load_score(r: ReplicaView, kv_weight: float = 1.0) -> float:
-    return r.running + r.waiting + kv_weight * r.kv_usage
+
+def load_score(r: ReplicaView, kv_weight: float = 1.0,
+               tokens_per_request: float = TOKENS_PER_REQUEST) -> float:
+    s = r.running + r.waiting + kv_weight * r.kv_usage
+    if tokens_per_request > 0 and r.queued_tokens:
+        s += r.queued_tokens / tokens_per_request
+    return s
 
 
 def is_imbalanced(loads: Sequence[float], abs_t: float, rel_t: float) -> bool:
@@ -32,8 +44,10 @@ def overloaded(load: float, mean: float, ratio: float, abs_t: float) -> bool:
 
 
 def least_loaded(replicas: Sequence[ReplicaView], positions: Sequence[int],
-                 rng: random.Random | None = None, kv_weight: float = 1.0) -> int:
+                 rng: random.Random | None = None, kv_weight: float = 1.0,
+                 tokens_per_request: float = TOKENS_PER_REQUEST) -> int:
     """Position of the least loaded replica among ``positions`` (random tie break)."""
-    best = min(load_score(replicas[p], kv_weight) for p in positions)
-    ties = [p for p in positions if load_score(replicas[p], kv_weight) == best]
+    score = {p: load_score(replicas[p], kv_weight, tokens_per_request) for p in positions}
+    best = min(score.values())
+    ties = [p for p in positions if score[p] == best]
     return ties[0] if len(ties) == 1 or rng is None else rng.choice(ties)

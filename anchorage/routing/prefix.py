@@ -1,7 +1,9 @@
 """``prefix``: approximate prefix-cache-aware routing with SGLang's balance thresholds.
 
 Spec (after SGLang's cache-aware router, ``sgl-model-gateway/src/policies/cache_aware.rs``),
-over the healthy replicas, with ``load = running + waiting``:
+over the healthy replicas, with ``load = load_score(r)`` (``anchorage.routing.load``:
+running + waiting requests + queued prefill tokens in request equivalents + KV usage;
+``tokens_per_request = 0`` gives SGLang's request counts alone):
 
 1. Balance check: if ``max(load) - min(load) > balance_abs_threshold`` and
    ``max(load) > balance_rel_threshold * min(load)``, the fleet is imbalanced: route to
@@ -20,7 +22,7 @@ LRU order. ``precise_prefix`` replaces the model with the replicas' own KV event
 
 Parameters (SGLang's defaults): ``cache_threshold`` 0.3, ``balance_abs_threshold`` 64,
 ``balance_rel_threshold`` 1.5; ``capacity_blocks`` (default when the view has none,
-100_000).
+100_000); ``tokens_per_request`` (2048).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Sequence
 
 from anchorage.policies.base import RequestContext
 from anchorage.routing.base import ReplicaView, Router, healthy_positions
-from anchorage.routing.load import is_imbalanced, load_score
+from anchorage.routing.load import TOKENS_PER_REQUEST, is_imbalanced, load_score
 from anchorage.routing.prefix_index import PrefixIndex
 
 
@@ -39,7 +41,11 @@ class PrefixRouter(Router):
     model_inserts = True
 
     def __init__(self, cache_threshold: float = 0.3, balance_abs_threshold: float = 64,
-                 balance_rel_threshold: float = 1.5, capacity_blocks: int = 100_000) -> None:
+                 balance_rel_threshold: float = 1.5, capacity_blocks: int = 100_000,
+                 tokens_per_request: float = TOKENS_PER_REQUEST) -> None:
+        if tokens_per_request < 0:
+            raise ValueError("tokens_per_request must be >= 0")
+        self.tokens_per_request = tokens_per_request
         self.cache_threshold = cache_threshold
         self.balance_abs_threshold = balance_abs_threshold
         self.balance_rel_threshold = balance_rel_threshold
@@ -54,9 +60,10 @@ class PrefixRouter(Router):
     def pick(self, ctx: RequestContext, replicas: Sequence[ReplicaView]) -> int:
         pos = healthy_positions(replicas)
         self._sync_capacity(replicas)
-        loads = [replicas[p].load for p in pos]
-        by_load = lambda p: load_score(replicas[p])  # noqa: E731
-        if is_imbalanced(loads, self.balance_abs_threshold, self.balance_rel_threshold):
+        tpr = self.tokens_per_request
+        score = {p: load_score(replicas[p], 1.0, tpr) for p in pos}
+        by_load = score.__getitem__
+        if is_imbalanced(list(score.values()), self.balance_abs_threshold, self.balance_rel_threshold):
             return min(pos, key=by_load)
         keys = ctx.keys
         matches = self.index.match(keys)
@@ -67,7 +74,7 @@ class PrefixRouter(Router):
         def room(p: int) -> tuple:
             r = replicas[p]
             cap = r.capacity_blocks or self._capacity
-            return (-(cap - self.index.size(r.index)), load_score(r))
+            return (-(cap - self.index.size(r.index)), score[p])
         return min(pos, key=room)
 
     def on_start(self, ctx: RequestContext, replica: int) -> None:

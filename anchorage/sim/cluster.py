@@ -27,7 +27,7 @@ Warm-up: requests flagged ``warmup`` (``extra.warmup`` in the trace) or arriving
 carry ``ctx.warmup`` so policies do not learn from them.
 
 Routers: ``Router`` objects from ``anchorage.routing`` see a ``ReplicaView`` per replica
-(running, waiting, KV usage, capacity; ``extra["anchors"]`` when the replica's policy has
+(running, waiting, queued prefill tokens, KV usage, capacity; ``extra["anchors"]`` when the replica's policy has
 an ``anchor_labels()`` method) and are told ``on_start``/``on_finish``; routers
 that consume KV events get ``BlockStored``/``BlockRemoved`` from the replica's pool. The
 ``pooled`` mode is the placement reference: R schedulers share one pool of R times the
@@ -107,6 +107,18 @@ class EventPool(BlockPool):
         if k not in self.cached:
             from anchorage.routing.events import BlockRemoved
             self.events.append(BlockRemoved(keys=[k]))
+
+
+def queued_prefill_tokens(rep: Replica) -> int:
+    """Prefill tokens queued on ``rep``: waiting prompts (whole: their cache hits are known
+    only at admission) plus what running requests still have to prefill."""
+    n = 0
+    for q in rep.waiting:
+        n += q.prefill_target - q.num_computed
+    for q in rep.running:
+        if q.num_computed < q.prefill_target:
+            n += q.prefill_target - q.num_computed
+    return n
 
 
 def _uses_kv_events(router: Router | None) -> bool:
@@ -203,6 +215,7 @@ class ClusterSim:
             v.running = len(r.running)
             v.waiting = len(r.waiting)
             v.kv_usage = r.pool.usage
+            v.queued_tokens = queued_prefill_tokens(r)
             labels = getattr(r.pool.policy, "anchor_labels", None)
             if labels is not None:  # policy state the `agent` router reads
                 v.extra["anchors"] = labels()

@@ -99,3 +99,42 @@ def test_kv_events_reach_the_policy_in_router_keys():
     c = RequestContext(request_id=1, keys=token_block_keys(prompt, 16), input_length=64)
     d = s.pick(c, tokens_per_key=16)
     assert d["replica"] == 1 and d["predicted_tokens"] == 32 and s.kv_events_applied == 1
+
+
+def test_queued_tokens_follow_prompts_until_their_first_byte_and_steer_least_loaded():
+    s = state(policy="least_loaded", policy_params={"choices": 2})
+    big = RequestContext(request_id=1, keys=list(range(100)), input_length=16_000)
+    d = s.pick(big)
+    busy = d["replica"]
+    assert s.snapshot()[busy]["queued_tokens"] == 16_000      # nothing predicted cached
+    assert 'anchorage_router_replica_queued_tokens{replica="%s"} 16000.0' % d["url"] \
+        in s.metrics_text().decode()
+    # both replicas have one request in flight: the queued prompt decides
+    other = s.pick(RequestContext(request_id=2, keys=[7], input_length=16))["replica"]
+    assert other != busy
+    assert s.pick(RequestContext(request_id=3, keys=[8], input_length=16))["replica"] == other
+    s.first_byte(big, busy)                                  # prefill done
+    assert s.snapshot()[busy]["queued_tokens"] == 0
+    s.finish(big, busy, "ok")                                # idempotent for the estimate
+    assert s.snapshot()[busy]["queued_tokens"] == 0
+    views = {v.index: v for v in s._views(list(s.upstreams.values()))}
+    assert views[busy].running == 0 and views[other].running == 2
+
+
+def test_scraped_running_and_waiting_count_other_clients_requests():
+    s = state(policy="least_loaded")
+
+    def handler(request):
+        if request.url.path == "/health":
+            return httpx.Response(200)
+        n = 5 if request.url.port == 1 else 0
+        return httpx.Response(200, text=f'vllm:num_requests_running{{engine="0"}} {n}.0\n'
+                                        f'vllm:num_requests_waiting{{engine="0"}} 2.0\n')
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as c:
+            await s.probe_once(c)
+    asyncio.run(go())
+    v = s._views(list(s.upstreams.values()))
+    assert (v[0].running, v[0].waiting) == (5, 2) and (v[1].running, v[1].waiting) == (0, 2)
+    assert s.pick(ctx(9))["replica"] == 1

@@ -102,3 +102,33 @@ def test_a_replica_reporting_a_learned_anchor_of_another_length_attracts_it():
     learned = agent_label(("fp", c.keys[1]))   # the replica's policy learned a 2-block anchor
     r = make_router("agent")
     assert r.pick(c, views(3, extra=[{}, {"anchors": ["fp:0000000000000001", learned]}, {}])) == 1
+
+
+def test_a_session_switching_agents_follows_each_agents_anchor_and_thread():
+    # a session's prompts for agent a extend a's previous prompt (anchor(a) + history), so
+    # the history that sticks is the (session, agent) thread, not the session
+    r = make_router("agent")
+    reps = views(4)
+    homes = {}
+    for a in range(4):
+        homes[a] = route(r, req(a, f"warm{a}", 0), reps)
+    assert len(set(homes.values())) == 4
+    for t in range(3):
+        for a in (0, 1, 2):                 # one session hands over between three agents
+            assert route(r, req(a, "multi", t), reps) == homes[a]
+
+
+def test_queued_prefill_tokens_make_a_home_overloaded():
+    r = make_router("agent", spill_ratio=1.5, spill_abs=4)
+    p0 = route(r, req(1, "s", 0), views(3))
+    reps = views(3)
+    reps[p0].running = 1                    # one request each: counts alone are balanced
+    for i, v in enumerate(reps):
+        v.running = 1
+    reps[p0].queued_tokens = 64 * 2048      # but 64 requests' worth of prefill is queued there
+    p1 = route(r, req(1, "s", 1), reps)
+    assert p1 != p0 and r.spills == 1
+    off = make_router("agent", spill_ratio=1.5, spill_abs=4, tokens_per_request=0)
+    q0 = route(off, req(1, "s", 0), views(3))
+    reps[q0].queued_tokens, reps[p0].queued_tokens = 64 * 2048, 0
+    assert route(off, req(1, "s", 1), reps) == q0      # request counts alone: stays

@@ -1,6 +1,8 @@
 from collections import Counter
 
 from anchorage.routing import make_router
+from anchorage.routing.base import ReplicaView
+from anchorage.routing.load import load_score
 from tests.routing.helpers import ctx, route, views
 
 
@@ -43,3 +45,17 @@ def test_session_bounded_load_skips_an_overloaded_replica():
     assert r.pick(ctx([1], session=s), views(4, loads=loads)) != home
     spread = Counter(r.pick(ctx([1], session=str(i)), views(4)) for i in range(400))
     assert len(spread) == 4 and min(spread.values()) > 40
+
+
+def test_load_score_counts_queued_prefill_tokens_in_request_equivalents():
+    v = ReplicaView(index=0, running=2, waiting=1, kv_usage=0.5, queued_tokens=4096)
+    assert load_score(v) == 2 + 1 + 0.5 + 2
+    assert load_score(v, tokens_per_request=0) == 3.5
+    assert load_score(v, kv_weight=0, tokens_per_request=1024) == 7
+
+
+def test_least_loaded_prefers_fewer_queued_tokens_at_equal_counts():
+    r = make_router("least_loaded", choices=3)
+    reps = views(3, loads=[2, 2, 2])
+    reps[0].queued_tokens, reps[1].queued_tokens, reps[2].queued_tokens = 30_000, 500, 9_000
+    assert r.pick(ctx([1]), reps) == 1
