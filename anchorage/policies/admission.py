@@ -1,4 +1,4 @@
-"""Prefix-aware admission order (CacheWise section 5.1) for the engine simulator.
+"""Prefix-aware admission order (CacheWise section 5.1): pure; used by the vLLM scheduler.
 
 Specification
 -------------
