@@ -75,7 +75,7 @@ def register(sub) -> None:
                    help="closed loop: N concurrent session slots (a session starts when "
                         "a slot frees); metrics cover the steady state")
     tt = p.add_argument_group("host-memory tier (timed mode)")
-    tt.add_argument("--tiering", choices=["off", "naive", "temporal", "tokencake"],
+    tt.add_argument("--tiering", choices=["off", "naive", "naive-incremental", "temporal", "tokencake"],
                     default="off",
                     help="stall-aware KV offload to host memory (default off)")
     tt.add_argument("--host-tier-gb", type=float, default=100.0,

@@ -3,8 +3,10 @@ calls) and ``run_tiered``, the timed simulation with a host tier.
 
 Specification
 -------------
-Modes: ``off`` (no host tier: ``anchorage.sim.cluster.run_timed``), ``naive`` (offload every
-session whose turn ends in a tool call; reload when the tool returns), ``temporal`` (the
+Modes: ``off`` (no host tier: ``anchorage.sim.cluster.run_timed``), ``naive`` (the paper's
+plain offload: every turn that ends in a tool call swaps the session's whole context out,
+all its GPU blocks copied whatever host memory holds, and back in when the tool returns),
+``naive-incremental`` (the same, copying only blocks host memory lacks), ``temporal`` (the
 gate and the warm-up reload of ``anchorage.tiering.temporal``, criticality 0) and
 ``tokencake`` (temporal plus the spatial policy of ``anchorage.tiering.spatial``).
 
@@ -15,7 +17,7 @@ prompt's full-block keys, agent, pending tool, when its turn ended.
 - Turn end (a request completes; its blocks are now cached and free): if the turn stopped
   for a tool call (the finish reason, which the engine sees; the trace's
   ``tool_name``/``tool_duration_ms`` presence, never the duration), the gate decides
-  (always yes in ``naive``). An offload copies the session's GPU blocks not yet in host
+  (always yes in the naive modes). An offload copies the session's GPU blocks not yet in host
   memory over the device-to-host link; when it completes the keys are in host memory and
   the session's GPU blocks still cached are demoted (evicted first).
 - Warm-up reload: at the gate's ``reload_at_s`` (checked at every step plan, so its
@@ -23,7 +25,7 @@ prompt's full-block keys, agent, pending tool, when its turn ended.
   host memory are allocated (a request-less allocation, released at once: the blocks are
   cached and free, their data lands when the copy completes) and copied over the
   host-to-device link. A tool that returns earlier starts the reload at once
-  (``naive`` always reloads then). Reloads never take blocks the head of the queue needs.
+  (the naive modes always reload then). Reloads never take blocks the head of the queue needs.
 - Arrival: the stall is observed (fed to the forecaster; to the transition graph in
   ``tokencake``). Admission: reloaded blocks the request hits count as host hits (the
   request waits for the transfer if it is still running; ``wasted`` when they were
@@ -65,7 +67,7 @@ from anchorage.tiering.forecast import StallForecaster
 from anchorage.tiering.host_tier import HostTier, HostTierConfig, block_bytes
 from anchorage.tiering.temporal import GateInput, GateParams, decide_offload, reload_at_s
 
-MODES = ("off", "naive", "temporal", "tokencake")
+MODES = ("off", "naive", "naive-incremental", "temporal", "tokencake")
 
 
 @dataclass(frozen=True)
@@ -289,7 +291,10 @@ class SimTiering:
             return
         host = self.host.keys
         n_new = sum(1 for k in st.keys[:n_gpu] if k not in host)
-        if self.mode == "naive":
+        if self.mode == "naive":  # a swap-out of the whole context, every stall
+            self._offload(st, n_gpu, n_gpu, now, stall_s=math.inf)
+            return
+        if self.mode == "naive-incremental":
             self._offload(st, n_gpu, n_new, now, stall_s=math.inf)
             return
         stall = self.forecast.predict(st.tool, st.args)

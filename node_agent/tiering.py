@@ -1,0 +1,136 @@
+"""Spatial tiering inside the engine: reserved GPU blocks for critical agents, through the
+plugin's eviction-policy hook (no engine fork). The temporal part (offload to host during
+tool stalls) needs a host tier: on the CUDA build vLLM's ``OffloadingConnector`` /
+``SimpleCPUOffloadConnector`` holds the copies; on the CPU build there is none, and the
+temporal policy is exercised in the simulator (``anchorage.tiering.sim``).
+
+Specification
+-------------
+``EngineTiering(policy, interval=32)`` is ``anchorage.tiering.eviction.TieredEviction``
+around the configured policy, plus what the spatial policy needs, learned from the pool's
+own notifications:
+
+- agent of a request: its ``anchorage.agent`` metadata (``ctx.agent_hint``); requests
+  without one are not reserved for;
+- usage per agent: blocks held by its live requests (hits and new blocks, counted once per
+  request from ``on_hit`` / ``on_cached`` until ``on_request_done``);
+- active sessions per agent and the transition graph: a session's consecutive agents
+  (``anchorage.policies.transitions.TransitionLearner``);
+- queueing: not visible to the pool (0; the scheduler's queue is the engine's).
+
+Every ``interval`` requests the reservation is recomputed with ``anchorage.tiering.spatial``
+(scores, critical agents, reserved fraction of the pressure = held blocks / capacity,
+split) and applied (``set_reservation``). ``reserved`` (agent -> blocks) is exported as
+``anchorage_tiering_reserved_blocks`` by the sidecar contract (``docs/tiering.md``).
+
+``maybe_wrap(policy)``: the wrapped policy when ``ANCHORAGE_TIERING`` is ``spatial``
+(the plugin's hook), else ``policy`` unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter, OrderedDict
+from typing import Any, Hashable
+
+from anchorage.policies.base import EvictionPolicy, RequestContext
+from anchorage.policies.transitions import TransitionLearner
+from anchorage.tiering import spatial as sp
+from anchorage.tiering.eviction import TieredEviction
+
+ENV_TIERING = "ANCHORAGE_TIERING"
+MAX_LIVE = 8192
+MAX_SESSIONS = 4096
+
+
+def _agent(ctx: RequestContext) -> Hashable | None:
+    return ctx.agent_hint or None
+
+
+class EngineTiering(TieredEviction):
+    def __init__(self, inner: EvictionPolicy, interval: int = 32,
+                 params: sp.SpatialParams | None = None,
+                 weights: sp.ScoreWeights | None = None):
+        super().__init__(inner, _agent)
+        self.interval = max(1, interval)
+        self.params = params or sp.SpatialParams()
+        self.weights = weights or sp.ScoreWeights()
+        self.trans = TransitionLearner()
+        self._live: OrderedDict[Any, list] = OrderedDict()   # rid -> [agent, blocks]
+        self._sess: OrderedDict[Any, Hashable] = OrderedDict()  # session -> last agent
+        self._n = 0
+        self.reserved: dict[Hashable, int] = {}
+        self.criticality: dict[Hashable, float] = {}
+
+    def on_request(self, ctx: RequestContext) -> None:
+        super().on_request(ctx)
+        a = _agent(ctx)
+        rid = ctx.request_id
+        if rid is not None and rid not in self._live:
+            self._live[rid] = [a, 0]
+            while len(self._live) > MAX_LIVE:
+                self._live.popitem(last=False)
+            sid = ctx.session_id
+            if sid is not None and a is not None and not ctx.warmup:
+                prev = self._sess.pop(sid, None)
+                if prev is not None:
+                    self.trans.observe(prev, a)
+                self._sess[sid] = a
+                while len(self._sess) > MAX_SESSIONS:
+                    self._sess.popitem(last=False)
+        self._n += 1
+        if self._n % self.interval == 0:
+            self.update()
+
+    def _count(self, ctx: RequestContext, n: int) -> None:
+        e = self._live.get(ctx.request_id)
+        if e is not None:
+            e[1] += n
+
+    def on_hit(self, ctx, blocks, were_free) -> None:
+        super().on_hit(ctx, blocks, were_free)
+        self._count(ctx, len(blocks))
+
+    def on_cached(self, ctx, blocks, keys, start) -> None:
+        super().on_cached(ctx, blocks, keys, start)
+        if start >= len(ctx.keys) or not keys or keys[0] == ctx.keys[start]:
+            self._count(ctx, len(blocks))
+
+    def on_request_done(self, ctx: RequestContext) -> None:
+        super().on_request_done(ctx)
+        self._live.pop(ctx.request_id, None)
+
+    def update(self, now: float = 0.0) -> dict[Hashable, int]:
+        """Recompute and apply the reservation; returns it."""
+        usage: Counter = Counter()
+        active: Counter = Counter()
+        for a, n in self._live.values():
+            if a is not None:
+                usage[a] += n
+                active[a] += 1
+        for a in self._sess.values():
+            active[a] += 0  # known agents take part even when idle
+        agents = set(usage) | set(active)
+        if not agents:
+            return {}
+        cap = max(1, self.pool.capacity_blocks)
+        flow = sp.transition_flow(self.trans, agents)
+        scores = sp.agent_scores(flow, {}, usage, active, self.weights)
+        self.criticality = sp.criticality(scores)
+        pressure = min(1.0, sum(usage.values()) / cap)
+        total = int(sp.reserved_fraction(pressure, self.params) * cap)
+        shares = sp.split_reservation(total, sp.critical_agents(scores, self.params),
+                                      usage, scores, self.params)
+        self.set_reservation(shares, now)
+        self.reserved = shares
+        return shares
+
+
+def maybe_wrap(policy: EvictionPolicy | None) -> EvictionPolicy | None:
+    """``EngineTiering(policy)`` when ``ANCHORAGE_TIERING=spatial``, else ``policy``."""
+    mode = os.environ.get(ENV_TIERING, "").strip().lower()
+    if policy is None or mode in ("", "off", "0"):
+        return policy
+    if mode != "spatial":
+        raise ValueError(f"{ENV_TIERING} must be 'spatial' or 'off', got {mode!r}")
+    return EngineTiering(policy)
