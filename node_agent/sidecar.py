@@ -196,7 +196,7 @@ class Sidecar:
             ev = {"lru": removed}  # stock engine: every eviction is LRU
         return MetricsView(
             model_name=self.model_name or "", policy=policy, mode=mode,
-            config_generation=self.config_generation or (s.config_generation if s else 0),
+            config_generation=self._generation_in_force(s),
             evictions={k: int(v) for k, v in ev.items()}, evictions_reused=reused,
             protected_blocks=s.protected_blocks if s else {"anchor": 0, "session": 0},
             predictions=dict(s.counters.get("predictions", {})) if s else {},
@@ -205,6 +205,13 @@ class Sidecar:
             policy_errors=int(s.counters.get("policy_errors", 0)) if s else 0,
             decision_seconds=s.decision_seconds if s else None,
             access_log_records=self.access_log.kept)
+
+    def _generation_in_force(self, s) -> int:
+        """The engine's generation when its plugin runs a policy (it may have rejected a
+        newer file), else the generation this sidecar read."""
+        if s is not None and s.mode == "active" and self.fresh():
+            return int(s.config_generation)
+        return int(self.config_generation or (s.config_generation if s else 0))
 
     def _lock(self):
         return self.subscriber.lock if self.subscriber is not None else contextlib.nullcontext()

@@ -189,8 +189,9 @@ def test_access_log_config_reload_and_graceful_stop(env, monkeypatch):
         state.observe(NoPolicy(), ctx, None, now_s=1000.0 + i)
     ctx = RequestContext(request_id="w", keys=[b"w"], input_length=BS, warmup=True)
     state.observe(NoPolicy(), ctx, None)  # warm-ups are not workload
+    in_force = {"generation": 3}   # what the plugin applied (it may refuse a newer file)
     exp = PolicyStateExporter(lambda: {"policy": "lru"}, tmp / "state.json", interval_s=0.05,
-                              node_state=state)
+                              node_state=state, config_generation=lambda: in_force["generation"])
     cfg = tmp / "anchorage.yaml"
     cfg.write_text("generation: 3\npolicy: {name: hybrid, parameters: {warmup: {enabled: false},"
                    " min_samples: 4}}\n")
@@ -220,6 +221,14 @@ def test_access_log_config_reload_and_graceful_stop(env, monkeypatch):
         cfg.write_text("generation: 4\npolicy: {name: hybrid, parameters: {r_min: 0.5}}\n")
         await until(lambda: sc.config_generation == 4, "config generation 4")
         assert sc.scheduler.config.enabled is True and sc.scheduler.config.r_min == 0.5
+        # the metric reports what the engine runs: 3 until its plugin applies 4
+        async with httpx.AsyncClient() as c:
+            assert metric((await c.get(base + "/metrics")).text, "anchorage_config_generation") == 3
+            in_force["generation"] = 4
+            await asyncio.sleep(0.3)  # the exporter rewrites state.json every 0.05 s
+            await until(lambda: sc.snapshot is not None and sc.snapshot.config_generation == 4,
+                        "engine generation 4 read")
+            assert metric((await c.get(base + "/metrics")).text, "anchorage_config_generation") == 4
         # drain empties the buffer
         async with httpx.AsyncClient() as c:
             r = await c.get(base + "/v1/access-log?drain=1")
