@@ -57,9 +57,6 @@ class TieredEviction(EvictionPolicy):
     # -- notifications --------------------------------------------------------------------
 
     def on_request(self, ctx: RequestContext) -> None:
-        # settle groups emptied by hits first: group_eviction re-scores its non-empty
-        # groups in on_request and assumes none was emptied since the last flush
-        self.inner.on_request_done(_NOBODY)
         self.inner.on_request(ctx)
 
     def on_hit(self, ctx: RequestContext, blocks: list[int], were_free: list[int]) -> None:
