@@ -16,7 +16,7 @@ Snapshot (``anchorage-node-state/v1``, JSON object)::
     protected_blocks          {"anchor": n, "session": n}
     decision_seconds          {"le": [...], "counts": [...cumulative], "sum": s, "count": n}
     anchors                   [{"agent", "hint", "token_ids", "first_s", "last_seen_s",
-                                "requests"}]  (bounded registry; first real request wins)
+                                "requests"}]  (bounded registry; longest shared prefix seen)
     requests                  [{"seq", "t", "hash_ids", "input_length", "output_length",
                                 "session_id", "tenant", "tool_name", "tool_args", "agent"}]
                               (recent real requests of sampled sessions, for the access log)
@@ -102,7 +102,8 @@ class AnchorRegistry:
     """Fingerprint -> anchor token ids, from the first real request seen with it.
 
     Bounded: ``max_anchors`` entries (least recently seen dropped), anchors longer than
-    ``max_tokens`` are not kept (they would not fit a warm-up anyway)."""
+    ``max_tokens`` are not kept (they would not fit a warm-up anyway). An agent's anchor
+    grows to the longest shared prefix seen since (its first request shares nothing)."""
 
     def __init__(self, max_anchors: int = 256, max_tokens: int = 32768):
         self.max_anchors = max_anchors
@@ -110,7 +111,10 @@ class AnchorRegistry:
         self.entries: OrderedDict[str, AnchorEntry] = OrderedDict()
 
     def offer(self, agent: str, token_ids: Callable[[], Sequence[int]] | Sequence[int],
-              now_s: float, hint: str | None = None) -> None:
+              now_s: float, hint: str | None = None, length: int | None = None) -> None:
+        """``length``: how many tokens ``token_ids`` gives (lets a known agent's anchor
+        grow without building the list: the first request of an agent shares nothing
+        yet, so its anchor is learnt longer as later requests share more)."""
         e = self.entries.get(agent)
         if e is not None:
             e.last_seen_s = now_s
@@ -118,6 +122,9 @@ class AnchorRegistry:
             if hint is not None and e.hint is None:
                 e.hint = hint
             self.entries.move_to_end(agent)
+            if length is not None and len(e.token_ids) < length <= self.max_tokens:
+                e.token_ids = [int(t) for t in (token_ids() if callable(token_ids)
+                                                else token_ids)]
             return
         toks = token_ids() if callable(token_ids) else token_ids
         if not toks or len(toks) > self.max_tokens:
@@ -177,7 +184,8 @@ class NodeState:
         if n and prompt_token_ids is not None:
             toks = prompt_token_ids
             self.anchors.offer(label, lambda: list(toks[: n * self.block_size]), now,
-                               getattr(ctx, "agent_hint", None))
+                               getattr(ctx, "agent_hint", None),
+                               length=min(n * self.block_size, len(toks)))
         sid = getattr(ctx, "session_id", None)
         if sid is not None:
             if sid in self._expect:

@@ -316,6 +316,18 @@ def install(policy: str | None, params: dict[str, Any] | None = None) -> None:
         setattr(cls, name, _PATCHES[f"{cls.__name__}.{name}"])
 
 
+def uninstall() -> None:
+    """Give vLLM its own methods back (what an engine without the plugin runs)."""
+    from vllm.v1.core.block_pool import BlockPool
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+
+    classes = {"BlockPool": BlockPool, "KVCacheManager": KVCacheManager}
+    for key, fn in _ORIG.items():
+        cls, name = key.split(".")
+        setattr(classes[cls], name, fn)
+    _ORIG.clear()
+
+
 def attach(pool: Any, policy: EvictionPolicy) -> PolicyDriver:
     """Drive ``pool``'s evictions by ``policy`` from now on (its cached free blocks are
     handed to the policy first, oldest first, so it starts from vLLM's current order)."""
