@@ -40,9 +40,11 @@ Scores (``T`` = expected time to next use from now, in policy-clock seconds):
   evicted stale keys (a ghost list, as ARC's, so ``q`` does not depend on how long the
   policy kept them); ``q = 1`` until ``dead_min_samples`` skipped blocks, ``K = inf`` once
   ``q < dead_max_reuse``;
-- sessions after their first request (signal ``first``): their gap model is the histogram
-  of gaps (and ends) that followed sessions' first requests, once ``min_samples`` are
-  learned (many sessions never send a second request: measured +0.8 points on Mooncake);
+- sessions after their first request (signal ``first``), in ``"wait"`` mode only: their
+  gap model is the histogram of gaps (and ends) that followed sessions' first requests,
+  once ``min_samples`` are learned (many sessions never send a second request: +0.8
+  points on Mooncake at half-LRU; used in ``"survival"`` mode it cost 0.7-1.3 points at
+  10-20 % capacity, mixing absolute waits with recency-ordered sessions);
 - ``thread(s, f)`` with gaps on: ``T = W_s(e)`` = ``GapHistogram.expected_wait``:
   ``E[tau - e | tau > e] / P(return | tau > e)`` for elapsed ``e = now - last_s``, from
   the histogram of the session's pending tool (and argument cluster) when tools are on;
@@ -814,10 +816,10 @@ class GroupEvictionPolicy(EvictionPolicy):
         e = max(0.0, now - sess.last_s)
         if h is not None:
             return h.expected_wait_fast(e)
-        if sess.n == 1 and self._first_ready():
-            return self._first.expected_wait_fast(e)
         mode = self._gap_mode()
         if mode == "wait":
+            if sess.n == 1 and self._first_ready():
+                return self._first.expected_wait_fast(e)
             g = self.gaps.histogram()
             if g is not None and g.informative():
                 return g.expected_wait_fast(e)
@@ -845,8 +847,6 @@ class GroupEvictionPolicy(EvictionPolicy):
         h = self.gaps.global_hist
         if self._gap_mode() != "survival" or h.n < self.gaps.min_samples or sess.n == 0:
             return 1.0
-        if sess.n == 1 and self._first_ready():
-            h = self._first
         return h.p_return(max(0.0, now - sess.last_s))
 
     def _stale_reuse(self) -> float:
