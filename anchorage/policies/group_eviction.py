@@ -50,7 +50,9 @@ Scores (``T`` = expected time to next use from now, in policy-clock seconds):
   the histogram of the session's pending tool (and argument cluster) when tools are on;
   otherwise (no pending tool, or tools off), by ``global_gaps``: ``"wait"`` the same
   from the histogram of all gaps, ``"survival"`` recency with ``mult = 1 / P(return |
-  e)``, ``"off"`` plain recency, ``"auto"`` (default) ``"wait"`` when at least 10 % of
+  e)``, ``"off"`` plain recency, ``"auto"`` (default) ``"survival"`` until
+  ``wait_min_gaps`` (128) gaps are learned (on a 220-request trace, absolute waits from
+  thin histograms lost to recency), then ``"wait"`` when at least 10 % of
   learned gaps followed a tool call or the cache turns over faster than
   ``turnover_gap_ratio`` (2) median session gaps (a small cache cannot keep sessions
   across a gap, so predicted times matter more than recency), else ``"survival"`` (measured: ``"wait"`` wins by
@@ -253,7 +255,8 @@ class GroupEvictionPolicy(EvictionPolicy):
                  eps: float = 0.1, max_sessions: int = 4096, max_agents: int = 64,
                  max_tools: int = 64, max_prefix_keys: int = 1 << 18,
                  global_gaps: str = "auto", no_tool_context: bool = False,
-                 turnover_gap_ratio: float = 2.0, survival_threshold: float = 0.0,
+                 turnover_gap_ratio: float = 2.0, wait_min_gaps: int = 128,
+                 survival_threshold: float = 0.0,
                  horizon_s: float = INF, recency_scale_s: float | None = None,
                  r_min: float = 0.0, prefetch: bool = True,
                  prefetch_rate_per_s: float = 4.0):
@@ -275,6 +278,7 @@ class GroupEvictionPolicy(EvictionPolicy):
                 f"global_gaps must be auto, wait, survival or off, got {global_gaps!r}")
         self.global_gaps = global_gaps
         self.turnover_gap_ratio = turnover_gap_ratio
+        self.wait_min_gaps = wait_min_gaps
         self.sig = signals or Signals()
         self.cluster_fn = cluster_fn
         self.dead_min_samples = dead_min_samples
@@ -828,6 +832,8 @@ class GroupEvictionPolicy(EvictionPolicy):
     def _gap_mode(self) -> str:
         mode = self.global_gaps
         if mode == "auto":
+            if self.gaps.global_hist.n < self.wait_min_gaps:
+                return "survival"  # too few gaps for absolute waits to beat recency
             if self.gaps.tool_fraction >= 0.1:
                 return "wait"
             med = self._gap_median
