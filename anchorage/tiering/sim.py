@@ -98,7 +98,7 @@ class _Session:
     __slots__ = ("sid", "agent", "tool", "args", "tool_stop", "end_s", "keys", "pending",
                  "offloaded", "offload_done_s", "stall_s", "reload_s",
                  "reload_done_s", "reload_lo", "reload_hi", "last_move_s", "reload_started",
-                 "pinned")
+                 "pinned", "offload_n")
 
     def __init__(self, sid: Hashable):
         self.sid = sid
@@ -118,6 +118,7 @@ class _Session:
         self.reload_started = False
         self.last_move_s = -math.inf
         self.pinned = 0
+        self.offload_n = 0
 
 
 class SimTiering:
@@ -328,7 +329,8 @@ class SimTiering:
         self.offloads += 1
         self.offload_blocks += n_new
         st.offloaded = True
-        st.pinned = len(st.keys)
+        st.offload_n = n_gpu
+        st.pinned = n_gpu
         self.pinned += st.pinned
         st.offload_done_s = done
         st.last_move_s = now
@@ -341,7 +343,7 @@ class SimTiering:
             heapq.heappush(self._due, (at, self._seq, st))
 
     def _offload_done(self, st: _Session) -> None:
-        self.host.store(st.keys)
+        self.host.store(st.keys[:st.offload_n])  # what was on GPU when it was decided
         if not st.pending:
             return  # already back: its blocks are in use again
         pool = self.pool
