@@ -15,7 +15,11 @@ session's cached GPU blocks), ``free_blocks`` (GPU blocks free without eviction)
 was last offloaded or reloaded, ``inf`` if never), ``criticality`` in [0, 1] (the spatial
 policy's agent score, normalised).
 
-Window: ``window_s = stall_s - (offload_s + reload_s)``.
+Window: ``window_s = stall_s - (offload_s + reload_s)`` (the paper's round trip). With
+``count_reload=False`` (default True) it is ``stall_s - offload_s``: under vLLM's prefix
+cache a session that is not offloaded is not kept either (its blocks are free and get
+evicted under pressure), so a reload that finishes after the return (the request waits
+for it) still beats a recomputation; only the copy out must fit in the stall.
 
 Hard rejections, checked in this order (the decision's ``reason``):
 
@@ -60,6 +64,7 @@ class GateParams:
     emergency_margin: float = 0.8
     lead_frac: float = 0.1
     min_lead_s: float = 0.005
+    count_reload: bool = True
 
     def __post_init__(self) -> None:
         if not 0 <= self.watermark <= 1:
@@ -103,7 +108,7 @@ def first_fit(waiting: Sequence[tuple[int, int]], room_blocks: int,
 
 
 def decide_offload(inp: GateInput, p: GateParams = GateParams()) -> Decision:
-    window = inp.stall_s - (inp.offload_s + inp.reload_s)
+    window = inp.stall_s - (inp.offload_s + (inp.reload_s if p.count_reload else 0.0))
     if inp.host_free_blocks < inp.offload_blocks:
         return Decision(False, "host_full", window)
     if not window > 0:
