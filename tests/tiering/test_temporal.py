@@ -97,3 +97,10 @@ def test_bad_parameters():
         GateParams(watermark=1.5)
     with pytest.raises(ValueError):
         GateParams(churn_s=-1)
+
+
+def test_count_reload_off_needs_only_the_copy_out_to_fit():
+    inp = good(stall_s=0.8, tokens_per_s=1e6)  # round trip 1.0 s, copy out 0.5 s
+    assert decide_offload(inp, P).reason == "stall_short"
+    d = decide_offload(inp, GateParams(count_reload=False))
+    assert d.reason != "stall_short" and d.window_s == pytest.approx(0.3)
