@@ -118,6 +118,11 @@ def test_only_the_highest_priority_replica_reconciles_and_a_standby_takes_over(
         poll(lambda: "Pausing operations in favour of" in low.output(),
              "the low-priority replica pausing", 90)
         poll(lambda: high.reconciles() >= 2, "the high-priority replica reconciling", 90)
+        # both keep-alives are in the peering object, under their POD_ID identities
+        peers = poll(lambda: _peers(api) if {"operator-low", "operator-high"} <= set(_peers(api))
+                     else None, "both replicas in the KopfPeering status", 30)
+        assert peers["operator-high"]["priority"] == 200 and peers["operator-low"]["priority"] == 100
+        assert peers["operator-high"]["lifetime"] == LIFETIME_S
         # (a reconcile already running when the pause came may finish: take the count after)
         start_high = high.reconciles()
         poll(lambda: high.reconciles() >= start_high + 1, "one more active pass", 60)
@@ -138,6 +143,8 @@ def test_only_the_highest_priority_replica_reconciles_and_a_standby_takes_over(
         poll(lambda: "Resuming operations after the pause" in low.output(),
              "the standby resuming", 90)
         poll(lambda: low.reconciles() >= idle_low + 2, "the standby reconciling", 60)
+        # the standby removed the dead peer from the peering object
+        poll(lambda: "operator-high" not in _peers(api), "the dead peer cleaned up", 30)
         _set_rmin(api, 0.9)
         poll(lambda: _config_rmin(api) == 0.9, "the standby writing the next spec change", 60)
         st = client_status(api)
@@ -146,6 +153,14 @@ def test_only_the_highest_priority_replica_reconciles_and_a_standby_takes_over(
         for r in (high, low):
             if r is not None:
                 stop(r.proc)
+
+
+def _peers(api) -> dict:
+    from kubernetes import client
+
+    obj = client.CustomObjectsApi(api).get_namespaced_custom_object(
+        "kopf.dev", "v1", NS, "kopfpeerings", PEERING)
+    return {k: v for k, v in (obj.get("status") or {}).items() if isinstance(v, dict)}
 
 
 def client_status(api) -> dict:
