@@ -51,7 +51,7 @@ Scores (``T`` = expected time to next use from now, in policy-clock seconds):
   otherwise (no pending tool, or tools off), by ``global_gaps``: ``"wait"`` the same
   from the histogram of all gaps, ``"survival"`` recency with ``mult = 1 / P(return |
   e)``, ``"off"`` plain recency, ``"auto"`` (default) ``"survival"`` until
-  ``wait_min_gaps`` (128) gaps are learned (on a 220-request trace, absolute waits from
+  ``wait_min_gaps`` (64) gaps are learned (on a 220-request trace, absolute waits from
   thin histograms lost to recency), then ``"wait"`` when at least 10 % of
   learned gaps followed a tool call or the cache turns over faster than
   ``turnover_gap_ratio`` (2) median session gaps (a small cache cannot keep sessions
@@ -255,7 +255,7 @@ class GroupEvictionPolicy(EvictionPolicy):
                  eps: float = 0.1, max_sessions: int = 4096, max_agents: int = 64,
                  max_tools: int = 64, max_prefix_keys: int = 1 << 18,
                  global_gaps: str = "auto", no_tool_context: bool = False,
-                 turnover_gap_ratio: float = 2.0, wait_min_gaps: int = 128,
+                 turnover_gap_ratio: float = 2.0, wait_min_gaps: int = 64,
                  survival_threshold: float = 0.0,
                  horizon_s: float = INF, recency_scale_s: float | None = None,
                  r_min: float = 0.0, prefetch: bool = True,
