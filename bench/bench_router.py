@@ -15,13 +15,13 @@ the start is recorded next to the numbers.
 
     .venv/bin/python bench/bench_router.py [--sessions 10000] [--replicas 64]
         [--decisions 20000] [--policies agent,prefix,...] [--out bench/results/router.json]
-    .venv/bin/python bench/bench_router.py --sim [--sim-replicas 4,8] [--sim-scales 3,2,1.75,1.5]
+    .venv/bin/python bench/bench_router.py --sim [--sim-replicas 4,8] [--sim-scales 2.5,2,1.75,1.5]
         [--jobs 2] [--out bench/results/router_sim.json]
 
 ``--sim`` measures instead placement quality in the cluster simulator
 (``anchorage.sim.cluster``): ``h200-llama3-8b`` replicas (``--sim-replicas 4,8``) with
 ``--sim-capacity`` KV blocks each, every replica under the ``hybrid`` eviction policy,
-on a generated multi-agent workload (``random`` topology, 16 agents, 100 sessions and 16
+on a generated multi-agent workload (``random`` topology, 16 agents, 400 sessions, 16
 concurrent sessions per replica, seed 1), open-loop arrivals swept over
 ``--sim-scales`` (trace time multipliers: 2.0 = half the trace's rate). For each size:
 ``round_robin`` and ``agent`` at every rate (the TTFT curve), and ``pooled`` (one cache of
@@ -208,7 +208,7 @@ def serve_overhead(args) -> int:
 # ---------------------------------------------------------------------------------------
 # --sim: placement quality in the cluster simulator
 
-SIM_AGENTS, SIM_SESSIONS_PER_REPLICA, SIM_CONCURRENCY_PER_REPLICA = 16, 100, 16
+SIM_AGENTS, SIM_SESSIONS, SIM_CONCURRENCY_PER_REPLICA = 16, 400, 16
 _TRACES: dict = {}
 
 
@@ -216,7 +216,7 @@ def _sim_trace(replicas: int):
     if replicas not in _TRACES:
         from anchorage.sim.replay import make_contexts
         from anchorage.trace.generate import generate
-        _, recs = generate("random", SIM_AGENTS, SIM_SESSIONS_PER_REPLICA * replicas, seed=1,
+        _, recs = generate("random", SIM_AGENTS, SIM_SESSIONS, seed=1,
                            block_size=16, concurrency=SIM_CONCURRENCY_PER_REPLICA * replicas)
         _TRACES[replicas] = (recs, make_contexts(recs))
     return _TRACES[replicas]
@@ -309,7 +309,7 @@ def sim_bench(args) -> int:
     out.write_text(json.dumps({
         "benchmark": "router_sim_placement", "profile": "h200-llama3-8b", "policy": pol,
         "capacity_blocks": cap, "workload": {"topology": "random", "agents": SIM_AGENTS,
-                                             "sessions_per_replica": SIM_SESSIONS_PER_REPLICA,
+                                             "sessions": SIM_SESSIONS,
                                              "concurrency_per_replica": SIM_CONCURRENCY_PER_REPLICA,
                                              "seed": 1, "block_size": 16},
         "arrivals": "open", "knee_rule": "lowest rate with round_robin TTFT p90 > 2x the lightest rate's",
@@ -331,7 +331,7 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=300, help="--serve: requests per path")
     ap.add_argument("--sim", action="store_true", help="placement quality in the cluster simulator")
     ap.add_argument("--sim-replicas", default="4,8")
-    ap.add_argument("--sim-scales", default="3,2,1.75,1.5",
+    ap.add_argument("--sim-scales", default="2.5,2,1.75,1.5",
                     help="open-loop trace time multipliers (the rate sweep)")
     ap.add_argument("--sim-capacity", type=int, default=4000, help="KV blocks per replica")
     ap.add_argument("--sim-policy", default="hybrid", help="eviction policy of every replica")

@@ -22,22 +22,33 @@ Spec, per request ``q`` at time ``t`` over the healthy replicas ``H`` (``n = |H|
   ``C_r = sum_{b: r in P_b} L_b / |P_b|``, then (3) the least current load. When
   ``|P_a| > k_a + 1`` (hysteresis) the newest member is dropped. Each replica so holds
   about ``spread * (#anchors) / n`` anchors, weighted by heat.
+- Load: ``load_r = load_score(r)`` (``anchorage.routing.load``): running + waiting
+  requests + queued prefill tokens / ``tokens_per_request`` + KV usage, so a replica with
+  a few huge prompts queued counts as busy as one with many small ones.
 - Overload: ``load_r > spill_ratio * mean(load) + spill_abs`` or
   ``kv_usage_r >= kv_spill``.
-- Decision: (1) a known session goes to its replica (the one holding its history) unless
+- Thread: the history a request extends is its *thread* ``(tenant, session, a)``: a
+  multi-agent session's prompt for agent ``a`` is ``anchor(a)`` + the session's shared
+  context, so it extends ``a``'s previous prompt in that session and shares no block with
+  another agent's prompt (a different anchor starts the chain). A single-agent session is
+  one thread. Sticking per session instead would drag every agent of a session, and its
+  anchor, onto the session's replica.
+- Decision: (1) a known thread goes to its replica (the one holding its history) unless
   that replica is gone or overloaded; (2) otherwise, to the member of ``P_a`` that is not
-  overloaded with the longest prefix match in the router's model (the session's history
-  when it moved), then least load; a *new* session (no history to lose) treats members as
+  overloaded with the longest prefix match in the router's model (the thread's history
+  when it moved), then least load; a *new* thread (no history to lose) treats members as
   overloaded when the lightest member's load exceeds ``new_ratio * min(load) + new_abs``
   over all replicas; (3) if every member is overloaded, spill: add the
   least loaded non-member to ``P_a`` (re-place the anchor there) and route there; if
-  ``P_a = H``, the least loaded replica. The session is (re)bound to the choice.
+  ``P_a = H``, the least loaded replica. The thread is (re)bound to the choice.
+  ``decisions`` counts the paths taken (``thread``, ``member``, ``spill``).
 
 Parameters: ``anchor_blocks`` (4), ``half_life_s`` (60), ``spread`` (1.0),
 ``warmup_per_replica`` (8), ``new_ratio`` (1.25; 0 disables), ``new_abs`` (2),
 ``spill_ratio`` (1.5), ``spill_abs`` (4), ``kv_spill`` (0.98), ``max_sessions``
-(200_000, LRU), ``capacity_blocks`` (prefix model per replica when the view has none,
-100_000), ``min_agent_load`` (1e-3: placements of agents decayed below it are forgotten).
+(threads remembered, 200_000, LRU), ``capacity_blocks`` (prefix model per replica when the
+view has none, 100_000), ``min_agent_load`` (1e-3: placements of agents decayed below it
+are forgotten), ``tokens_per_request`` (2048; 0: request counts only).
 """
 
 from __future__ import annotations
@@ -110,6 +121,8 @@ class AgentRouter(Router):
         self.sessions: OrderedDict[Hashable, int] = OrderedDict()
         self.index = PrefixIndex(capacity_blocks)
         self.spills = 0
+        #: decisions by path: thread (stayed home), member, spill
+        self.decisions: dict[str, int] = defaultdict(int)
 
     # -- load bookkeeping -------------------------------------------------------------
     def _record(self, a: Hashable, now: float) -> float:
@@ -166,11 +179,18 @@ class AgentRouter(Router):
         # the history a request extends is its thread: its session's prompts for its agent
         skey = (ctx.tenant, ctx.session_id, a) if ctx.session_id is not None else None
 
+        keys = ctx.keys
+        tpk = ctx.input_length / len(keys) if keys and tpr > 0 else 0.0
+        lightest = min(load.values())
         if skey is not None:
             r = self.sessions.get(skey)
             p = at.get(r) if r is not None else None
-            if p is not None and not over(p):
+            # moving re-prefills the history elsewhere: worth it only when home's extra
+            # queue exceeds that work
+            if p is not None and (not over(p) or load[p] - lightest
+                                  <= self.index.match_len(r, keys) * tpk / (tpr or 1.0)):
                 self.sessions.move_to_end(skey)
+                self.decisions["thread"] += 1
                 return p
 
         members = [r for r in self.placement.get(a, ()) if r in at]
@@ -184,19 +204,22 @@ class AgentRouter(Router):
         ok = [at[r] for r in members if not over(at[r])]
         if ok and self.new_ratio > 0 and (skey is None or skey not in self.sessions):
             # a new session carries no history: a much lighter replica outweighs the anchor
-            lightest = min(load.values())
-            if min(load[p] for p in ok) > self.new_ratio * lightest + self.new_abs:
+            # ... unless the anchor it would recompute elsewhere outweighs the difference
+            best = min(ok, key=load.__getitem__)
+            anchor_work = self.index.match_len(replicas[best].index, keys) * tpk / (tpr or 1.0)
+            if load[best] > self.new_ratio * lightest + self.new_abs + anchor_work:
                 ok = []
         if ok:
-            keys = ctx.keys
             choice = min(ok, key=lambda p: (-self.index.match_len(replicas[p].index, keys),
                                             load[p]))
+            self.decisions["member"] += 1
         else:
             outside = [p for p in pos if replicas[p].index not in members]
             choice = min(outside or pos, key=load.__getitem__)
             if outside:
                 members.append(replicas[choice].index)
                 self.spills += 1
+            self.decisions["spill"] += 1
         if skey is not None:
             self.sessions[skey] = replicas[choice].index
             self.sessions.move_to_end(skey)

@@ -128,6 +128,15 @@ def http_with_background(bg: list[dict[str, Any]], fg: dict[str, Any], wait_s: f
         return {"fg": out, "bg": [f.result() for f in futs]}
 
 
+def snapshot_during(bg: list[dict[str, Any]], wait_s: float) -> dict:
+    """Start ``bg`` requests, wait, snapshot the routing state while they are in flight."""
+    with ThreadPoolExecutor(len(bg)) as ex:
+        futs = [ex.submit(http, **r) for r in bg]
+        time.sleep(wait_s)
+        during = state_snapshot()
+        return {"during": during, "bg": [f.result()["status"] for f in futs]}
+
+
 def shutdown() -> None:
     stop_vllm()
     try:

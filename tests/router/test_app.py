@@ -187,3 +187,24 @@ def test_models_healthz_and_ejection_of_a_dead_replica(router, cluster):
     while json.loads(ns("http", "GET", "/healthz")["text"])["healthy"] != 3:
         assert time.time() < deadline, ns("state_snapshot")
         time.sleep(0.2)
+
+
+def test_queued_tokens_count_a_prompt_until_its_first_byte(router, cluster):
+    ns = router(policy="round_robin")
+    req = {"method": "POST", "path": "/v1/completions",
+           "json": {"model": "tiny", "prompt": [5] * 64, "max_tokens": 3}}
+    for n in cluster["names"]:
+        ns("set_mode", n, "slow", 3.0)             # no byte for 3 s: still "prefilling"
+    out = ns("snapshot_during", [req], 1.5)
+    busy = [u for u in out["during"] if u["inflight"]]
+    assert out["bg"] == [200] and len(busy) == 1 and busy[0]["queued_tokens"] == 64, out
+    for n in cluster["names"]:
+        ns("set_mode", n, "slow_stream", 1.0)      # first chunk at once, then slow
+    stream = {**req, "json": {**req["json"], "prompt": [6] * 64, "stream": True}}
+    out = ns("snapshot_during", [stream], 0.8)
+    busy = [u for u in out["during"] if u["inflight"]]
+    assert out["bg"] == [200] and len(busy) == 1 and busy[0]["queued_tokens"] == 0, out
+    deadline = time.time() + 10
+    while any(u["inflight"] or u["queued_tokens"] for u in ns("state_snapshot")):
+        assert time.time() < deadline, ns("state_snapshot")
+        time.sleep(0.2)
