@@ -74,6 +74,7 @@ class Modes:
 
     def use(self, policy: str | None) -> None:
         from anchorage.node_agent import vllm_block_pool as vbp
+
         from anchorage.policies.registry import make_policy
 
         assert self.llm.reset_prefix_cache()
@@ -118,6 +119,7 @@ def throughput(llm, modes: Modes, policy: str, args) -> dict:
 
 def workload(args):
     from anchorage.node_agent.engine_replay import fit_records
+
     from anchorage.trace.generate import generate
 
     _, recs = generate(args.topology, args.agents, args.sessions, args.seed, block_size=BS,
@@ -191,7 +193,6 @@ def main(argv=None) -> int:
         p.error("--max-prompt + --max-output must fit --max-model-len")
 
     import vllm
-
     from anchorage.node_agent import vllm_block_pool as vbp
 
     vbp.install(None)  # before the engine exists: its pool gets the patched __init__

@@ -30,11 +30,13 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Sequence
+from typing import Any
+
+from anchorage.node_agent import request_context
 
 from anchorage.drive.plan import PlanOptions, TokenBlocks, plan
-from anchorage.node_agent import request_context
 from anchorage.trace.format import TraceRecord
 
 
@@ -206,7 +208,6 @@ def closed_loop(llm: Any, records: Sequence[TraceRecord], block_size: int, *,
     # active sessions: [plan, next request position (-1 - k: request k in flight), ready]
     todo = list(sessions)
     active: list[list] = []
-    queue: list[tuple[float, int, Any]] = []  # (ready, order, (session slot, request))
     inflight: dict[str, tuple[list, Any, Outcome]] = {}
     outcomes: list[Outcome] = []
     steps = 0

@@ -67,7 +67,7 @@ def _str(v: Any) -> str | None:
 class BlockKeys(Sequence):
     """The request's block keys, made on access (most policies read a few of them)."""
 
-    __slots__ = ("_hashes", "_suffix", "_n")
+    __slots__ = ("_hashes", "_n", "_suffix")
 
     def __init__(self, hashes: Sequence[bytes], suffix: bytes):
         self._hashes, self._suffix = hashes, suffix

@@ -53,9 +53,10 @@ import os
 import threading
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Hashable, Sequence
+from typing import Any
 
 from anchorage.access_log import stable_hash
 
@@ -417,7 +418,7 @@ class PolicyStateExporter:
         try:
             write_snapshot(self.path, self.snapshot())
             self.writes += 1
-        except Exception:  # noqa: BLE001 - never take the engine down for a snapshot
+        except Exception:
             self.errors += 1
             if self.errors == 1:
                 log.warning("anchorage: cannot write the node state to %s", self.path,
@@ -428,7 +429,7 @@ class PolicyStateExporter:
             self.write_once()
             self._stop.wait(self.interval_s)
 
-    def start(self) -> "PolicyStateExporter":
+    def start(self) -> PolicyStateExporter:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, daemon=True,
                                             name="anchorage-state-exporter")

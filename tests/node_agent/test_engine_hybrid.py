@@ -13,8 +13,8 @@ import itertools
 from contextlib import contextmanager
 
 import pytest
-
 from anchorage.node_agent import engine_replay, request_context, vllm_block_pool
+
 from anchorage.policies.registry import make_policy
 from anchorage.trace.format import TraceRecord
 
@@ -196,9 +196,8 @@ def random_trace(seed: int):
 
 
 def test_plugin_unset_is_stock_vllm_on_a_randomized_trace(engine, monkeypatch):
-    from vllm.v1.core.block_pool import BlockPool
-
     from anchorage.node_agent import plugin
+    from vllm.v1.core.block_pool import BlockPool
 
     trace = random_trace(seed=11)
 
