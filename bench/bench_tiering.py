@@ -50,11 +50,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from anchorage.sim.cluster import TimedConfig  # noqa: E402
-from anchorage.sim.profiles import get_profile  # noqa: E402
-from anchorage.sim.replay import make_contexts  # noqa: E402
-from anchorage.tiering.host_tier import block_bytes  # noqa: E402
-from anchorage.tiering.sim import TieringConfig, run_tiered  # noqa: E402
+from anchorage.sim.cluster import TimedConfig
+from anchorage.sim.profiles import get_profile
+from anchorage.sim.replay import make_contexts
+from anchorage.tiering.host_tier import block_bytes
+from anchorage.tiering.sim import TieringConfig, run_tiered
 
 TRACES = Path(os.environ.get("ANCHORAGE_TRACES", "/work/shared/traces"))
 GIB = 1024 ** 3

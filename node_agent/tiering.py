@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import os
 from collections import Counter, OrderedDict
-from typing import Any, Hashable
+from collections.abc import Hashable
+from typing import Any
 
 from anchorage.policies.base import EvictionPolicy, RequestContext
 from anchorage.policies.transitions import TransitionLearner

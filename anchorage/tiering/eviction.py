@@ -26,7 +26,7 @@ None), which the policies here treat as "no longer free" and learn nothing from.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 
 from anchorage.policies.base import EvictionPolicy, RequestContext
 

@@ -17,7 +17,8 @@ exists, as in TokenCake's forecasting).
 
 from __future__ import annotations
 
-from typing import Any, Hashable, Mapping
+from collections.abc import Hashable, Mapping
+from typing import Any
 
 from anchorage.policies.gap_predictor import GapPredictor
 from anchorage.policies.tool_clusters import ArgClusterer

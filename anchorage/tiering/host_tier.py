@@ -28,8 +28,8 @@ blocks), as vLLM's CPU offload keeps its copies.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Hashable, Iterable, Sequence
 
 GB = 1e9
 
@@ -62,7 +62,7 @@ class HostTierConfig:
 class Link:
     """One transfer direction: FIFO, ``latency + bytes / bandwidth`` per transfer."""
 
-    __slots__ = ("bw", "latency", "busy_until", "bytes", "transfers")
+    __slots__ = ("busy_until", "bw", "bytes", "latency", "transfers")
 
     def __init__(self, bytes_s: float, latency_s: float = 0.0):
         self.bw = bytes_s
@@ -76,7 +76,7 @@ class Link:
 
     def schedule(self, now: float, nbytes: float) -> float:
         """Queue a transfer asked at ``now``; returns when it completes."""
-        start = now if now > self.busy_until else self.busy_until
+        start = max(self.busy_until, now)
         end = start + self.duration(nbytes)
         self.busy_until = end
         self.bytes += int(nbytes)

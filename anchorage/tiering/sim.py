@@ -55,9 +55,10 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import Counter, deque
+from collections import Counter
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Sequence
+from typing import Any
 
 from anchorage.policies.base import RequestContext
 from anchorage.policies.transitions import TransitionLearner
@@ -65,7 +66,12 @@ from anchorage.tiering import spatial as sp
 from anchorage.tiering.eviction import TieredEviction
 from anchorage.tiering.forecast import StallForecaster
 from anchorage.tiering.host_tier import HostTier, HostTierConfig, block_bytes
-from anchorage.tiering.temporal import GateInput, GateParams, decide_offload, reload_at_s
+from anchorage.tiering.temporal import (
+    GateInput,
+    GateParams,
+    decide_offload,
+    reload_at_s,
+)
 
 MODES = ("off", "naive", "naive-incremental", "temporal", "tokencake")
 
@@ -95,10 +101,27 @@ def agent_of(ctx: RequestContext) -> Hashable:
 
 
 class _Session:
-    __slots__ = ("sid", "agent", "tool", "args", "tool_stop", "end_s", "keys", "pending",
-                 "offloaded", "offload_done_s", "stall_s", "reload_s",
-                 "reload_done_s", "reload_lo", "reload_hi", "last_move_s", "reload_started",
-                 "pinned", "offload_n")
+    __slots__ = (
+        "agent",
+        "args",
+        "end_s",
+        "keys",
+        "last_move_s",
+        "offload_done_s",
+        "offload_n",
+        "offloaded",
+        "pending",
+        "pinned",
+        "reload_done_s",
+        "reload_hi",
+        "reload_lo",
+        "reload_s",
+        "reload_started",
+        "sid",
+        "stall_s",
+        "tool",
+        "tool_stop",
+    )
 
     def __init__(self, sid: Hashable):
         self.sid = sid
@@ -425,8 +448,7 @@ class SimTiering:
         self.spatial_updates += 1
         for a, n in shares.items():
             self.reserved_sum[a] += n
-            if n > self.reserved_max[a]:
-                self.reserved_max[a] = n
+            self.reserved_max[a] = max(self.reserved_max[a], n)
 
     # -- report ---------------------------------------------------------------------------
 
@@ -471,7 +493,13 @@ def run_tiered(records, contexts, cfg, policy: str, router: str = "session", *,
     """``run_timed`` with a host tier and a tiering mode on every replica."""
     from anchorage.policies.registry import make_policy
     from anchorage.routing.registry import make_router
-    from anchorage.sim.cluster import POOLED, ClusterSim, build_workload, run_timed, summarize
+    from anchorage.sim.cluster import (
+        POOLED,
+        ClusterSim,
+        build_workload,
+        run_timed,
+        summarize,
+    )
 
     tiering = tiering or TieringConfig()
     if tiering.mode == "off":

@@ -37,8 +37,8 @@ mean session time on the generated workload).
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Hashable, Iterable, Mapping
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ def split_reservation(total_blocks: int, critical: Iterable[Hashable],
     if not has_u and not has_s:
         s = {a: 1.0 / len(crit) for a in crit}
     want = {a: total_blocks * (alpha * u[a] + (1 - alpha) * s[a]) for a in crit}
-    out = {a: int(math.floor(v)) for a, v in want.items()}
+    out = {a: math.floor(v) for a, v in want.items()}
     left = total_blocks - sum(out.values())
     for a in sorted(crit, key=lambda a: (-(want[a] - out[a]), repr(a)))[:left]:
         out[a] += 1

@@ -6,9 +6,9 @@ The temporal part has no host tier on the CPU build (docs/tiering.md)."""
 from __future__ import annotations
 
 import pytest
-
 from anchorage.node_agent import vllm_block_pool
 from anchorage.node_agent.tiering import EngineTiering, maybe_wrap
+
 from anchorage.policies.base import RequestContext
 from anchorage.policies.registry import make_policy
 from anchorage.pool.block_pool import BlockPool

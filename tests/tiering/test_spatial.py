@@ -61,7 +61,7 @@ def test_transition_flow_counts_where_the_workflow_goes():
 
 
 def test_admission_rank_boosts_critical_agents_without_starving_others():
-    key = lambda r: sp.admission_rank(*r)  # noqa: E731
+    key = lambda r: sp.admission_rank(*r)
     reqs = [(False, 0.0, 10.0), (False, 1.0, 10.5), (False, 1.0, 12.0), (True, 0.0, 20.0)]
     order = sorted(reqs, key=key)
     assert order[0] == (True, 0.0, 20.0)             # preempted first

@@ -2,8 +2,14 @@ import math
 
 import pytest
 
-from anchorage.tiering.temporal import (GateInput, GateParams, decide_offload, first_fit,
-                                        reload_at_s, reload_outcome)
+from anchorage.tiering.temporal import (
+    GateInput,
+    GateParams,
+    decide_offload,
+    first_fit,
+    reload_at_s,
+    reload_outcome,
+)
 
 P = GateParams()
 
