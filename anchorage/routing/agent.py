@@ -33,12 +33,17 @@ Spec, per request ``q`` at time ``t`` over the healthy replicas ``H`` (``n = |H|
   another agent's prompt (a different anchor starts the chain). A single-agent session is
   one thread. Sticking per session instead would drag every agent of a session, and its
   anchor, onto the session's replica.
-- Decision: (1) a known thread goes to its replica (the one holding its history) unless
-  that replica is gone or overloaded; (2) otherwise, to the member of ``P_a`` that is not
+- Work of a prefix: ``w(m) = m * input_length / len(keys) / tokens_per_request`` for
+  ``m`` blocks (request equivalents of prefill; 0 when ``tokens_per_request = 0``).
+- Decision: (1) a known thread goes to its replica ``h`` (the one holding its history)
+  unless ``h`` is gone, or ``h`` is overloaded *and* ``load_h - min(load) > w(m_h)``
+  (``m_h``: the thread's blocks the router's model holds on ``h``): moving re-prefills the
+  history elsewhere, so a long thread waits out a burst that a short one escapes;
+  (2) otherwise, to the member of ``P_a`` that is not
   overloaded with the longest prefix match in the router's model (the thread's history
   when it moved), then least load; a *new* thread (no history to lose) treats members as
-  overloaded when the lightest member's load exceeds ``new_ratio * min(load) + new_abs``
-  over all replicas; (3) if every member is overloaded, spill: add the
+  overloaded when the lightest member's load exceeds ``new_ratio * min(load) + new_abs +
+  w(anchor blocks matched there)`` over all replicas; (3) if every member is overloaded, spill: add the
   least loaded non-member to ``P_a`` (re-place the anchor there) and route there; if
   ``P_a = H``, the least loaded replica. The thread is (re)bound to the choice.
   ``decisions`` counts the paths taken (``thread``, ``member``, ``spill``).
