@@ -144,7 +144,13 @@ class PolicyDriver:
         return c
 
     def begin(self, request: Any) -> None:
-        """A scheduling attempt for ``request`` (before its prefix lookup)."""
+        """A scheduling attempt for ``request`` (before its prefix lookup). The policy
+        hears of a request once per admission: the scheduler retries a waiting request
+        that does not fit at every step, and a preempted one comes back after its free."""
+        c = self.contexts.get(getattr(request, "request_id", None))
+        if c is not None:  # still waiting since its last attempt: nothing new to learn
+            self.current = c
+            return
         c = context_of(request)
         self.contexts[c.request_id] = c
         self.contexts.move_to_end(c.request_id)
