@@ -36,6 +36,7 @@ class MetricsView:
     policy_errors: int = 0
     decision_seconds: dict[str, Any] | None = None
     access_log_records: int = 0
+    tiering: dict[str, Any] | None = None  # the snapshot's (state.py); None: tiering off
 
 
 class NodeAgentCollector(Collector):
@@ -102,6 +103,35 @@ class NodeAgentCollector(Collector):
                                 "sampled access log.", labels=["model_name"])
         c.add_metric([m], float(v.access_log_records))
         yield c
+        yield from tiering_families(m, v.tiering)
+
+
+TIERING_COUNTERS = (  # (snapshot key, metric, label, help): only from an engine that offloads
+    ("offloads", "anchorage_tiering_offloads", "decision", "Offload gate decisions at tool "
+     "stalls."),
+    ("reloads", "anchorage_tiering_reloads", "outcome", "Reloads from host memory by outcome."),
+    ("bytes", "anchorage_tiering_bytes", "direction", "KV bytes moved (d2h: offload, h2d: "
+     "reload)."),
+)
+
+
+def tiering_families(m: str, t: dict[str, Any] | None):
+    """``anchorage_tiering_*`` (docs/tiering.md): nothing while tiering is off; the reserved
+    blocks per agent when it is on; the offload/reload/bytes counters only when the engine
+    reports them (it does temporal tiering: not on the CPU build), never as made-up zeros."""
+    if t is None:
+        return
+    g = GaugeMetricFamily("anchorage_tiering_reserved_blocks", "GPU blocks reserved for a "
+                          "critical agent (spatial tiering).", labels=["model_name", "agent"])
+    for agent, n in sorted(t.get("reserved_blocks", {}).items()):
+        g.add_metric([m, agent], float(n))
+    yield g
+    for key, name, label, doc in TIERING_COUNTERS:
+        if key in t:
+            c = CounterMetricFamily(name, doc, labels=["model_name", label])
+            for k, n in sorted(t[key].items()):
+                c.add_metric([m, k], float(n))
+            yield c
 
 
 def make_registry(view: Callable[[], MetricsView]) -> CollectorRegistry:

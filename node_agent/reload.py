@@ -12,8 +12,9 @@ unless the file changed (``node_agent.config.ConfigWatcher``).
 When the file changed and parses (``node_agent.config``):
 
 - same policy and parameters, new generation: the generation in force changes, nothing else;
-- otherwise a fresh policy ``make_policy(name, block_size=<pool's>, params=<params>)`` is
-  built; if the policy rejects the parameters (``TypeError``/``ValueError``), one warning
+- otherwise a fresh policy is built exactly as at engine start
+  (``node_agent.tiering.build_policy``: ``make_policy(name, block_size=<pool's>,
+  params=<params>)``, wrapped for tiering when ``ANCHORAGE_TIERING=spatial``); if the policy rejects the parameters (``TypeError``/``ValueError``), one warning
   and the previous policy and generation stay in force.
 
 The swap (``migrate``) happens there, at the start of a scheduling attempt: the pool is
@@ -128,11 +129,10 @@ class PolicyReloader:
             log.info("anchorage: config %s generation %d in force (same policy %r and "
                      "parameters)", self.watcher.path, cfg.generation, cfg.name)
             return True
-        from anchorage.policies.registry import make_policy
+        from anchorage.node_agent.tiering import build_policy  # as at start (+ tiering)
 
         try:
-            policy = make_policy(cfg.name, block_size=self.pool.hash_block_size,
-                                 params=cfg.params)
+            policy = build_policy(cfg.name, self.pool.hash_block_size, cfg.params)
         except (TypeError, ValueError) as exc:
             self.watcher.warn_rejected(f"policy {cfg.name!r} rejects its parameters "
                                        f"{sorted(cfg.params)}: {exc}")

@@ -204,7 +204,8 @@ class Sidecar:
             warmups={**self.warmups, "used": self.ledger.used, "wasted": self.ledger.wasted},
             policy_errors=int(s.counters.get("policy_errors", 0)) if s else 0,
             decision_seconds=s.decision_seconds if s else None,
-            access_log_records=self.access_log.kept)
+            access_log_records=self.access_log.kept,
+            tiering=s.tiering if s else None)
 
     def _generation_in_force(self, s) -> int:
         """The engine's generation when its plugin runs a policy (it may have rejected a

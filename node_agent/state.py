@@ -281,6 +281,9 @@ def policy_view(policy: Any, k: int = 8) -> dict[str, Any]:
     exporter retries)."""
     out: dict[str, Any] = {"policy": getattr(policy, "name", None), "predictability": 0.0,
                            "predictions": [], "protected_blocks": {"anchor": 0, "session": 0}}
+    tiering = getattr(policy, "tiering_view", None)  # ANCHORAGE_TIERING (node_agent/tiering)
+    if callable(tiering):
+        out["tiering"] = tiering()
     if getattr(policy, "trans", None) is None:
         return out
     from anchorage.policies.cachescout import PrefetchAdvisor
@@ -412,6 +415,7 @@ class PolicyStateExporter:
             "decision_seconds": st.histogram() if st is not None else None,
             "anchors": st.anchors.to_json() if st is not None else list(v.get("anchors", [])),
             "requests": st.sampled_requests(rate) if st is not None else [],
+            "tiering": v.get("tiering"),  # None unless ANCHORAGE_TIERING is on
         }
 
     def write_once(self) -> None:
@@ -461,6 +465,24 @@ class Snapshot:
     anchors: dict[str, dict[str, Any]] = field(default_factory=dict)
     requests: list[dict[str, Any]] = field(default_factory=list)
     pid: int | None = None
+    tiering: dict[str, Any] | None = None
+
+
+def _tiering(doc: Any, where: str) -> dict[str, Any] | None:
+    """The snapshot's ``tiering`` section: ``{"mode", "reserved_blocks": {agent: n}}`` and,
+    from an engine that offloads, ``offloads``/``reloads``/``bytes`` ({label: n})."""
+    if doc is None:
+        return None
+    if not isinstance(doc, dict):
+        raise StateError(f"{where}: tiering must be an object")
+    out: dict[str, Any] = {"mode": str(doc.get("mode", "spatial"))}
+    for k in ("reserved_blocks", "offloads", "reloads", "bytes"):
+        if k in doc:
+            v = doc[k]
+            if not isinstance(v, dict):
+                raise StateError(f"{where}: tiering.{k} must be an object")
+            out[k] = {str(a): int(n) for a, n in v.items()}
+    return out
 
 
 def parse_snapshot(doc: Any, where: str = "snapshot") -> Snapshot:
@@ -486,7 +508,8 @@ def parse_snapshot(doc: Any, where: str = "snapshot") -> Snapshot:
             protected_blocks={str(k): int(v) for k, v in doc.get("protected_blocks", {}).items()},
             decision_seconds=doc.get("decision_seconds"), anchors=anchors,
             requests=list(doc.get("requests", [])),
-            pid=doc.get("pid") if isinstance(doc.get("pid"), int) else None)
+            pid=doc.get("pid") if isinstance(doc.get("pid"), int) else None,
+            tiering=_tiering(doc.get("tiering"), where))
     except (KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, StateError):
             raise

