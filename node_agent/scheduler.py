@@ -12,7 +12,9 @@ Behaviour: before each ``schedule()`` step, the waiting queue is reordered by
 ``anchorage.policies.admission.admission_order``: fewest new (uncached) blocks first,
 ``a_i = ceil(num_tokens_i / block_size) - (leading prompt blocks in vLLM's prefix
 cache)``, aged by ``ANCHORAGE_ADMISSION_AGING_S`` seconds per block (default 0.05; the
-aging bound is stated there). Then vLLM's own ``schedule()`` runs unchanged: it takes
+aging bound is stated there). With ``ANCHORAGE_TIERING=spatial`` a request's arrival is
+moved earlier by 1 s x its agent's criticality (``node_agent.tiering.admission_arrival``:
+a critical agent overtakes requests up to 1 s older). Then vLLM's own ``schedule()`` runs unchanged: it takes
 waiting requests from the head as budget allows, so this changes the admission order and
 nothing else. Requests that stock vLLM must resume first (preempted, already computed
 tokens, or in a blocked status such as waiting for remote KV) keep their order at the
@@ -139,9 +141,15 @@ def _get_scheduler_cls(self: Any) -> Any:
 # -- the adapter (vLLM Request <-> admission_order) ----------------------------------------
 
 
+def _arrival_time(request: Any) -> float:
+    return request.arrival_time
+
+
 class PrefixAwareMixin:
     """Reorders ``self.waiting`` before vLLM's ``schedule()``. Mixed into vLLM's
     ``Scheduler`` / ``AsyncScheduler`` (see ``__getattr__`` below)."""
+
+    _anchorage_arrival = staticmethod(_arrival_time)  # ANCHORAGE_TIERING: node_agent/tiering
 
     def _anchorage_init(self) -> None:
         self.anchorage_enabled = False
@@ -162,6 +170,9 @@ class PrefixAwareMixin:
         self._anchorage_lookup = pool.cached_block_hash_to_block.get_one_block
         self._anchorage_key = make_block_hash_with_group_id
         self._anchorage_bs = int(pool.hash_block_size)
+        from anchorage.node_agent.tiering import admission_arrival  # ANCHORAGE_TIERING
+
+        self._anchorage_arrival = admission_arrival(pool) or _arrival_time
         self.anchorage_enabled = True
         log.info("anchorage: prefix-aware admission (aging %g s per block, window %d)",
                  self.anchorage_aging_s, self.anchorage_window)
@@ -231,7 +242,7 @@ class PrefixAwareMixin:
         if pool is not None:  # reset_prefix_cache replaces the map: re-read it each step
             self._anchorage_lookup = pool.cached_block_hash_to_block.get_one_block
         order = admission_order(fresh, self._anchorage_new_blocks,
-                                lambda r: r.arrival_time, time.time(),
+                                self._anchorage_arrival, time.time(),
                                 self.anchorage_aging_s)
         if any(a is not b for a, b in zip(order, fresh)):
             self.anchorage_reorders += 1

@@ -24,6 +24,12 @@ split) and applied (``set_reservation``). ``reserved`` (agent -> blocks) goes in
 plugin's snapshot (``tiering_view`` -> ``state.json`` ``tiering.reserved_blocks``) and the
 sidecar exports it as ``anchorage_tiering_reserved_blocks`` (docs/metrics.md).
 
+Admission (``admission_arrival(pool)``, the prefix-aware scheduler's hook, only with
+``ANCHORAGE_TIERING=spatial``): a waiting request's arrival time becomes
+``arrival - 1 s x criticality`` of its agent (``anchorage.tiering.spatial.critical_arrival``,
+as in the simulator), read at each scheduling step from the policy attached to the pool
+(after a reload, the new one); no agent, or no tiering policy attached: criticality 0.
+
 ``maybe_wrap(policy)``: the wrapped policy when ``ANCHORAGE_TIERING`` is ``spatial``
 (the plugin's hook), else ``policy`` unchanged. ``build_policy(name, block_size, params)``
 is the engine's one policy factory: ``maybe_wrap(make_policy(...))``, called at engine start
@@ -163,3 +169,27 @@ def build_policy(name: str, block_size: int,
     from anchorage.policies.registry import make_policy
 
     return maybe_wrap(make_policy(name, block_size=block_size, params=params or {}))
+
+
+def admission_arrival(pool: Any, boost_s: float | None = None):
+    """``request -> arrival time`` for ``anchorage.policies.admission.admission_order``:
+    None when ``ANCHORAGE_TIERING`` is off (the scheduler uses ``arrival_time``), else
+    ``arrival_time - boost_s x criticality`` of the request's agent (see the module)."""
+    mode = os.environ.get(ENV_TIERING, "").strip().lower()
+    if mode != "spatial":
+        return None
+    from anchorage.node_agent.request_context import anchorage_args
+
+    boost = sp.SpatialParams().boost_s if boost_s is None else boost_s
+
+    def arrival(request: Any) -> float:
+        t = request.arrival_time
+        policy = getattr(getattr(pool, "_anchorage_driver", None), "policy", None)
+        crit = policy.criticality if isinstance(policy, EngineTiering) else None
+        if not crit:
+            return t
+        agent = anchorage_args(request).get("agent")
+        c = crit.get(agent, 0.0) if isinstance(agent, str) else 0.0
+        return sp.critical_arrival(t, c, boost)
+
+    return arrival

@@ -131,7 +131,13 @@ def split_reservation(total_blocks: int, critical: Iterable[Hashable],
     return {a: n for a, n in out.items() if n > 0}
 
 
+def critical_arrival(arrival_s: float, crit: float, boost_s: float = 1.0) -> float:
+    """The arrival time admission orders by: ``arrival_s - boost_s x criticality`` (the
+    engine's prefix-aware scheduler uses it as the request's arrival, aging included)."""
+    return arrival_s - boost_s * crit
+
+
 def admission_rank(preempted: bool, crit: float, arrival_s: float,
                    boost_s: float = 1.0) -> tuple[int, float]:
     """Sort key (smaller first) for the waiting queue."""
-    return (0 if preempted else 1, arrival_s - boost_s * crit)
+    return (0 if preempted else 1, critical_arrival(arrival_s, crit, boost_s))

