@@ -21,15 +21,15 @@ gets half the infinite-cache hit rate (bisection). Prints one table; writes
 
 The committed results were produced in parallel parts and merged (2-core machine)::
 
+    BENCH_GEN_SESSIONS=40 bench/bench_policies.py --workloads gen-pipeline-1,gen-debate-1,\
+gen-selector-1,gen-hierarchical-1,gen-handoff-1 --out bench/results/policies_gen_a.json
+    BENCH_GEN_SESSIONS=40 bench/bench_policies.py --workloads gen-random-1,gen-pipeline-2,\
+gen-random-2,gen-selector-2 --out bench/results/policies_gen_b.json
     bench/bench_policies.py --workloads chatdev-0,mooncake --out bench/results/policies_real2.json
     BENCH_WEKA_SESSIONS=12 bench/bench_policies.py --workloads weka-0 \
         --out bench/results/policies_weka.json
-    BENCH_GEN_SESSIONS=40 bench/bench_policies.py --workloads gen-pipeline-1 \
-        --out bench/results/policies_gen_final_check.json
-    BENCH_GEN_SESSIONS=40 bench/bench_policies.py --workloads gen-debate-1,gen-selector-1,\
-gen-hierarchical-1,gen-handoff-1,gen-random-1,gen-pipeline-2,gen-random-2,gen-selector-2 \
-        --out bench/results/policies_gen_final.json
-    bench/bench_policies.py --merge bench/results/policies_{real2,weka,gen_final_check,gen_final}.json
+    bench/bench_policies.py --hot-path-only --out bench/results/policies_hotpath.json
+    bench/bench_policies.py --merge bench/results/policies_{gen_a,gen_b,real2,weka,hotpath}.json
 """
 
 from __future__ import annotations
