@@ -8,11 +8,15 @@ premature evictions are counted by the sidecar. Every series carries ``model_nam
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
-from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
-                                    HistogramMetricFamily)
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
 from prometheus_client.registry import Collector, CollectorRegistry
 
 WARMUP_OUTCOMES = ("issued", "used", "wasted", "skipped", "failed")
@@ -107,11 +111,11 @@ class NodeAgentCollector(Collector):
 
 
 TIERING_COUNTERS = (  # (snapshot key, metric, label, help): only from an engine that offloads
-    ("offloads", "anchorage_tiering_offloads", "decision", "Offload gate decisions at tool "
-     "stalls."),
+    ("offloads", "anchorage_tiering_offloads", "decision",
+     "Offload gate decisions at tool stalls."),
     ("reloads", "anchorage_tiering_reloads", "outcome", "Reloads from host memory by outcome."),
-    ("bytes", "anchorage_tiering_bytes", "direction", "KV bytes moved (d2h: offload, h2d: "
-     "reload)."),
+    ("bytes", "anchorage_tiering_bytes", "direction",
+     "KV bytes moved (d2h: offload, h2d: reload)."),
 )
 
 

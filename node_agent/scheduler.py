@@ -14,12 +14,12 @@ Behaviour: before each ``schedule()`` step, the waiting queue is reordered by
 cache)``, aged by ``ANCHORAGE_ADMISSION_AGING_S`` seconds per block (default 0.05; the
 aging bound is stated there). With ``ANCHORAGE_TIERING=spatial`` a request's arrival is
 moved earlier by 1 s x its agent's criticality (``node_agent.tiering.admission_arrival``:
-a critical agent overtakes requests up to 1 s older). Then vLLM's own ``schedule()`` runs unchanged: it takes
-waiting requests from the head as budget allows, so this changes the admission order and
-nothing else. Requests that stock vLLM must resume first (preempted, already computed
-tokens, or in a blocked status such as waiting for remote KV) keep their order at the
-head; only the first ``ANCHORAGE_ADMISSION_WINDOW`` (default 128) fresh requests are
-reordered, the rest stay FCFS behind them.
+a critical agent overtakes requests up to 1 s older). Then vLLM's own ``schedule()`` runs
+unchanged: it takes waiting requests from the head as budget allows, so this changes the
+admission order and nothing else. Requests that stock vLLM must resume first (preempted,
+already computed tokens, or in a blocked status such as waiting for remote KV) keep their
+order at the head; only the first ``ANCHORAGE_ADMISSION_WINDOW`` (default 128) fresh
+requests are reordered, the rest stay FCFS behind them.
 
 Cost per step: O(n log n) for the n reordered requests plus the prefix lookups, which are
 incremental: a request's last hit count ``k`` is re-validated by its first, middle and last

@@ -52,6 +52,7 @@ from anchorage.tiering.eviction import TieredEviction
 ENV_TIERING = "ANCHORAGE_TIERING"
 MAX_LIVE = 8192
 MAX_SESSIONS = 4096
+MAX_EXPORTED_AGENTS = 64  # the metric's agent label: the largest reservations only
 
 
 def _agent(ctx: RequestContext) -> Hashable | None:
@@ -147,9 +148,9 @@ class EngineTiering(TieredEviction):
         def label(a: Hashable) -> str:  # agent hints are the client's names
             return a if isinstance(a, str) else agent_label(a)
 
-        return {"mode": "spatial",
-                "reserved_blocks": {label(a): int(n)
-                                    for a, n in list(self.reserved.items()) if n > 0}}
+        top = sorted(((n, label(a)) for a, n in list(self.reserved.items()) if n > 0),
+                     key=lambda x: (-x[0], x[1]))[:MAX_EXPORTED_AGENTS]
+        return {"mode": "spatial", "reserved_blocks": {a: int(n) for n, a in top}}
 
 
 def maybe_wrap(policy: EvictionPolicy | None) -> EvictionPolicy | None:

@@ -43,6 +43,10 @@ METRIC_LABEL_VALUES: dict[tuple[str, str], list[str]] = {
     ("anchorage_router_rejected_total", "reason"): ["saturated", "too_large"],
     ("anchorage_router_retries_total", "reason"): ["connect", "5xx"],
     ("anchorage_operator_tuning_runs_total", "result"): ["adopted", "rejected", "error"],
+    ("anchorage_tiering_reserved_blocks", "agent"): ["planner", "coder"],
+    ("anchorage_tiering_offloads_total", "decision"): ["ok", "low_pressure"],
+    ("anchorage_tiering_reloads_total", "outcome"): ["in_time", "late", "wasted"],
+    ("anchorage_tiering_bytes_total", "direction"): ["d2h", "h2d"],
 }
 # Counter rates (per second, per series) that give the dashboards meaningful ratios; the
 # fleet hit rate is (600 + 300) / (1000 + 1000) = 0.45 with the two model pods below.

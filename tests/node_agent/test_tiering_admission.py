@@ -15,7 +15,12 @@ import os
 
 import pytest
 
-from tests.node_agent.conftest import BLOCK_SIZE, MAX_MODEL_LEN, NUM_GPU_BLOCKS, TINY_LLAMA
+from tests.node_agent.conftest import (
+    BLOCK_SIZE,
+    MAX_MODEL_LEN,
+    NUM_GPU_BLOCKS,
+    TINY_LLAMA,
+)
 
 KEEP_ALIVE: list = []
 
@@ -114,6 +119,7 @@ def test_admission_arrival_hook_is_off_without_tiering_and_reads_the_pools_polic
     from types import SimpleNamespace
 
     from anchorage.node_agent.tiering import EngineTiering, admission_arrival
+
     from anchorage.policies.registry import make_policy
 
     pol = EngineTiering(make_policy("lru", block_size=4))

@@ -6,14 +6,14 @@ travel from the engine's policy through the plugin's snapshot to the sidecar's /
 from __future__ import annotations
 
 import pytest
-from prometheus_client import generate_latest
-
 from anchorage.node_agent import vllm_block_pool
 from anchorage.node_agent.config import ConfigWatcher, PolicyConfig
 from anchorage.node_agent.reload import PolicyReloader
 from anchorage.node_agent.sidecar import Sidecar, SidecarConfig
 from anchorage.node_agent.state import PolicyStateExporter, read_snapshot, state_path
 from anchorage.node_agent.tiering import EngineTiering
+from prometheus_client import generate_latest
+
 from anchorage.policies.registry import make_policy
 from tests.node_agent.test_sidecar import metric
 

@@ -225,6 +225,24 @@ def policy() -> gd.Dashboard:
         [Q(f"sum by (pod, policy) (rate(anchorage_policy_errors_total{{{M}}}[{RI}]))", "{{pod}} errors"),
          Q(f"sum by (pod) (rate(anchorage_evictions_total{{{M},reason=\"fallback\"}}[{RI}]))",
            "{{pod}} fallback evictions")], lo=0))
+    d = d.with_row(gd.Row("Tiering (ANCHORAGE_TIERING, docs/tiering.md)"))
+    d = d.with_panel(timeseries(
+        "Reserved blocks per agent", "GPU blocks reserved for critical agents by spatial "
+        "tiering (empty while tiering is off).",
+        [Q(f"sum by (agent) (anchorage_tiering_reserved_blocks{{{M}}})", "{{agent}}")], lo=0))
+    d = d.with_panel(timeseries(
+        "Offloads and reloads", "Offload gate decisions and reloads by outcome per second. "
+        "Only an engine that offloads to host memory emits these (none does yet; the CPU "
+        "build has no host tier).",
+        [Q(f"sum by (decision) (rate(anchorage_tiering_offloads_total{{{M}}}[{RI}]))",
+           "offload {{decision}}"),
+         Q(f"sum by (outcome) (rate(anchorage_tiering_reloads_total{{{M}}}[{RI}]))",
+           "reload {{outcome}}")], lo=0))
+    d = d.with_panel(timeseries(
+        "KV bytes moved to and from host", "d2h: offloads, h2d: reloads (as above: only "
+        "from an engine that offloads).",
+        [Q(f"sum by (direction) (rate(anchorage_tiering_bytes_total{{{M}}}[{RI}]))",
+           "{{direction}}")], unit="Bps", lo=0))
     d = d.with_row(gd.Row("Overhead and configuration"))
     d = d.with_panel(timeseries(
         "Decision latency", "Time to choose eviction victims for one allocation (sampled).",
