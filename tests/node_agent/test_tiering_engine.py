@@ -91,3 +91,31 @@ def test_reserved_blocks_of_the_critical_agent_reach_the_sidecars_metrics(own_po
     # the CPU build does no temporal tiering: no offload/reload counters, not fake zeros
     assert "anchorage_tiering_offloads_total" not in text
     assert "anchorage_tiering_reloads_total" not in text
+
+
+@pytest.mark.parametrize("inner", ["lru", "hybrid"])
+def test_the_snapshot_of_a_tiered_policy_carries_the_reservation(inner, tmp_path):
+    from anchorage.pool.block_pool import BlockPool
+
+    pol = EngineTiering(make_policy(inner, block_size=4))
+    BlockPool(50, 4, pol)
+    pol.reserved = {"planner": 3, "coder": 0}
+    exp = PolicyStateExporter(pol, state_path(tmp_path), policy_name=inner)
+    exp.write_once()
+    assert exp.errors == 0  # the wrapper's own learner once hid the wrapped policy's
+    snap = read_snapshot(state_path(tmp_path))
+    assert snap.policy == inner
+    assert snap.tiering == {"mode": "spatial", "reserved_blocks": {"planner": 3}}
+    plain = PolicyStateExporter(make_policy(inner, block_size=4), state_path(tmp_path / "p"))
+    plain.write_once()
+    assert read_snapshot(state_path(tmp_path / "p")).tiering is None  # tiering off
+
+
+def test_a_malformed_tiering_section_is_one_clear_error():
+    import time
+
+    from anchorage.node_agent.state import FORMAT, StateError, parse_snapshot
+
+    doc = {"format": FORMAT, "written_s": time.time(), "tiering": {"reserved_blocks": [1]}}
+    with pytest.raises(StateError, match="tiering.reserved_blocks must be an object"):
+        parse_snapshot(doc, "state.json")
