@@ -35,7 +35,6 @@ import platform
 import random
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -44,27 +43,14 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ["VLLM_PLUGINS"] = ""  # this script installs the patch itself
 
 BS = 32
-TINY_LLAMA = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
-    "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
-    "num_key_value_heads": 4, "head_dim": 32, "vocab_size": 1024,
-    "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16",
-    "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False,
-}
 
 
 def build_engine(blocks: int, max_model_len: int, max_num_seqs: int):
-    from vllm import LLM
+    from anchorage.node_agent.tiny_engine import tiny_engine
 
-    model = Path(tempfile.mkdtemp(prefix="anchorage-bench-engine-"))
-    (model / "config.json").write_text(json.dumps(TINY_LLAMA))
-    llm = LLM(model=str(model), load_format="dummy", skip_tokenizer_init=True,
-              enforce_eager=True, enable_prefix_caching=True, block_size=BS,
-              kv_cache_memory_bytes=256 << 20, num_gpu_blocks_override=blocks,
-              max_model_len=max_model_len, max_num_seqs=max_num_seqs, seed=0,
-              dtype="bfloat16")
-    pool = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager.block_pool
-    return llm, pool
+    eng = tiny_engine(blocks=blocks, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                      block_size=BS, kv_cache_memory_bytes=256 << 20, register_plugin=False)
+    return eng.llm, eng.pool
 
 
 class Modes:

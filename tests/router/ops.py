@@ -151,11 +151,6 @@ def shutdown() -> None:
 
 # -- real vLLM replicas (end-to-end) ------------------------------------------------------
 _VLLM: list = []
-TINY_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
-              "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "num_key_value_heads": 4, "head_dim": 32, "vocab_size": 1024,
-              "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16",
-              "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False}
 
 
 def start_vllm(n: int, workdir: str, blocks: int = 64, block_size: int = 32,
@@ -169,9 +164,9 @@ def start_vllm(n: int, workdir: str, blocks: int = 64, block_size: int = 32,
     import sys
     from pathlib import Path
 
-    model = Path(workdir) / "tiny-llama"
-    model.mkdir(parents=True, exist_ok=True)
-    (model / "config.json").write_text(_json.dumps(TINY_LLAMA))
+    from anchorage.stack.tiny_model import write_tiny_model
+
+    model = write_tiny_model(Path(workdir) / "tiny-llama")
     urls = []
     for i in range(n):
         with socket.socket() as s:
