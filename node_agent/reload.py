@@ -53,7 +53,7 @@ def migrate(pool: Any, policy: Any, old: Any = None) -> Any:
     """Attach ``policy`` to ``pool`` in place of driver ``old`` (or of none) and return the
     new ``PolicyDriver`` (see the module's specification)."""
     from anchorage.node_agent.request_context import anonymous_context
-    from anchorage.node_agent.vllm_block_pool import PolicyDriver
+    from anchorage.node_agent.vllm_block_pool import PolicyDriver, cached_free_block_ids
 
     new = PolicyDriver(pool, policy)
     if old is not None:
@@ -70,13 +70,7 @@ def migrate(pool: Any, policy: Any, old: Any = None) -> Any:
     anon = anonymous_context()
     if ids:
         new.notify(policy.on_cached, anon, ids, keys, 0)
-    q = pool.free_block_queue
-    free = []
-    blk = q.fake_free_list_head.next_free_block
-    while blk is not q.fake_free_list_tail:
-        if blk.block_hash is not None:
-            free.append(blk.block_id)
-        blk = blk.next_free_block
+    free = cached_free_block_ids(pool)
     if free:
         new.notify(policy.on_freed, anon, free)
     new.migrated = {"in_flight": len(new.contexts), "cached": len(ids), "free": len(free)}

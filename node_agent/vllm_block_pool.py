@@ -334,17 +334,23 @@ def uninstall() -> None:
     _ORIG.clear()
 
 
+def cached_free_block_ids(pool: Any) -> list[int]:
+    """``pool``'s free blocks that hold a cached block, in free-queue order (oldest first)."""
+    q = pool.free_block_queue
+    ids = []
+    blk = q.fake_free_list_head.next_free_block
+    while blk is not q.fake_free_list_tail:
+        if blk.block_hash is not None:
+            ids.append(blk.block_id)
+        blk = blk.next_free_block
+    return ids
+
+
 def attach(pool: Any, policy: EvictionPolicy) -> PolicyDriver:
     """Drive ``pool``'s evictions by ``policy`` from now on (its cached free blocks are
     handed to the policy first, oldest first, so it starts from vLLM's current order)."""
     driver = PolicyDriver(pool, policy)
-    q = pool.free_block_queue
-    cached_free = []
-    blk = q.fake_free_list_head.next_free_block
-    while blk is not q.fake_free_list_tail:
-        if blk.block_hash is not None:
-            cached_free.append(blk.block_id)
-        blk = blk.next_free_block
+    cached_free = cached_free_block_ids(pool)
     if cached_free:
         driver.notify(policy.on_freed, anonymous_context(), cached_free)
     pool._anchorage_driver = driver
