@@ -33,3 +33,29 @@ def engine(tmp_path_factory):
     return SimpleNamespace(llm=eng.llm, pool=eng.pool, SamplingParams=SamplingParams,
                            TokensPrompt=TokensPrompt, block_size=BLOCK_SIZE,
                            max_model_len=MAX_MODEL_LEN)
+
+
+def generate_recording_admission(llm, prompts: list[list[int]], params):
+    """``llm.generate`` over token-id ``prompts`` (``params``: one SamplingParams or one per
+    prompt), recording the order in which the scheduler admits them (each step's
+    ``scheduled_new_reqs``). Returns (outputs, indexes into ``prompts`` in admission order)."""
+    from vllm.inputs import TokensPrompt
+
+    sched = llm.llm_engine.engine_core.engine_core.scheduler
+    index = {tuple(p): k for k, p in enumerate(prompts)}
+    admitted: list[int] = []
+    orig = sched.schedule
+
+    def recording(*args, **kwargs):
+        out = orig(*args, **kwargs)
+        admitted.extend(index[tuple(r.prompt_token_ids)] for r in out.scheduled_new_reqs
+                        if tuple(r.prompt_token_ids) in index)
+        return out
+
+    sched.schedule = recording
+    try:
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params,
+                            use_tqdm=False)
+    finally:
+        del sched.schedule
+    return outs, admitted

@@ -13,7 +13,12 @@ import random
 
 import pytest
 
-from tests.node_agent.conftest import BLOCK_SIZE, MAX_MODEL_LEN, NUM_GPU_BLOCKS
+from tests.node_agent.conftest import (
+    BLOCK_SIZE,
+    MAX_MODEL_LEN,
+    NUM_GPU_BLOCKS,
+    generate_recording_admission,
+)
 
 
 @pytest.fixture(scope="module")
@@ -45,27 +50,11 @@ def workload(bs):
 
 def admission_order(llm, SP, TP, bs):
     """Run the workload; returns (kinds in admission order, cached tokens per request)."""
-    core = llm.llm_engine.engine_core.engine_core
-    sched = core.scheduler
     assert llm.reset_prefix_cache()
     warm, queue = workload(bs)
     params = SP(max_tokens=2, temperature=0.0, ignore_eos=True)
     llm.generate([TP(prompt_token_ids=warm)], params, use_tqdm=False)
-    index = {tuple(p): k for k, (_, p) in enumerate(queue)}
-    admitted: list[int] = []
-    orig = sched.schedule
-
-    def recording(*args, **kwargs):
-        out = orig(*args, **kwargs)
-        admitted.extend(index[tuple(r.prompt_token_ids)] for r in out.scheduled_new_reqs
-                        if tuple(r.prompt_token_ids) in index)
-        return out
-
-    sched.schedule = recording
-    try:
-        outs = llm.generate([TP(prompt_token_ids=p) for _, p in queue], params, use_tqdm=False)
-    finally:
-        del sched.schedule
+    outs, admitted = generate_recording_admission(llm, [p for _, p in queue], params)
     assert len(outs) == 8 and all(len(o.outputs[0].token_ids) == 2 for o in outs)
     assert sorted(admitted) == list(range(8)), admitted  # each admitted once
     return [queue[k][0] + str(k) for k in admitted], [o.num_cached_tokens for o in outs]

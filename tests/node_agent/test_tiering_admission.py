@@ -12,7 +12,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.node_agent.conftest import BLOCK_SIZE, MAX_MODEL_LEN, NUM_GPU_BLOCKS
+from tests.node_agent.conftest import (
+    BLOCK_SIZE,
+    MAX_MODEL_LEN,
+    NUM_GPU_BLOCKS,
+    generate_recording_admission,
+)
 
 
 @pytest.fixture(scope="module")
@@ -34,33 +39,17 @@ def admitted_agents(llm, seed: int) -> list[str]:
     import random
 
     from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
 
-    sched = llm.llm_engine.engine_core.engine_core.scheduler
     assert llm.reset_prefix_cache()
     rng = random.Random(seed)
     queue = [(("worker", "planner")[i % 2], [rng.randrange(3, 1000) for _ in range(7 * BLOCK_SIZE)])
              for i in range(8)]
-    index = {tuple(p): f"{a}{k}" for k, (a, p) in enumerate(queue)}
-    admitted: list[str] = []
-    orig = sched.schedule
-
-    def recording(*args, **kwargs):
-        out = orig(*args, **kwargs)
-        admitted.extend(index[tuple(r.prompt_token_ids)] for r in out.scheduled_new_reqs
-                        if tuple(r.prompt_token_ids) in index)
-        return out
-
-    sched.schedule = recording
-    try:
-        sps = [SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True,
-                              extra_args={"anchorage.agent": a}) for a, _ in queue]
-        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for _, p in queue], sps,
-                            use_tqdm=False)
-    finally:
-        del sched.schedule
+    sps = [SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True,
+                          extra_args={"anchorage.agent": a}) for a, _ in queue]
+    outs, order = generate_recording_admission(llm, [p for _, p in queue], sps)
+    admitted = [f"{queue[k][0]}{k}" for k in order]
     assert [len(o.outputs[0].token_ids) for o in outs] == [2] * 8  # every request completes
-    assert sorted(admitted) == sorted(index.values()), admitted  # each admitted once
+    assert sorted(order) == list(range(8)), admitted  # each admitted once
     return admitted
 
 
