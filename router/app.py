@@ -299,8 +299,12 @@ def build_app(cfg: RouterConfig) -> FastAPI:
                 outcome = "cancelled"          # the client went away: not the replica's fault
                 raise
             finally:
-                await resp.aclose()
+                # account first: the replica is freed even if closing the upstream stalls
                 self.state.finish.remote(ctx, rid, outcome, _usage_from_sse(tail), predicted)
+                try:
+                    await asyncio.wait_for(resp.aclose(), timeout=5.0)
+                except (asyncio.TimeoutError, httpx.HTTPError):
+                    log.warning("upstream stream of request %s not closed cleanly", rid)
             if outcome != "ok":
                 err = {"error": {"message": "the replica failed mid-stream", "type": "upstream_error"}}
                 yield f"data: {json.dumps(err)}\n\n".encode()
