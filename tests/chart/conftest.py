@@ -48,7 +48,7 @@ def all_on_values() -> dict:
                                                                  "minReplicas": 1, "maxReplicas": 4}]}},
         "nodeAgent": {"warmup": False, "accessLogSampleRate": 0.5, "extraArgs": ["--x"]},
         "models": [
-            model("llama-70b", tensorParallelSize=2, scheduler="prefix-aware", maxModelLen=32768,
+            model("llama-70b", tensorParallelSize=2, scheduler="prefix-aware", tiering="spatial", maxModelLen=32768,
                   hfTokenSecret={"name": "hf", "key": "token"}, modelCache={"existingClaim": "weights"},
                   extraArgs=["--max-num-seqs=64"], extraEnv=[{"name": "VLLM_LOGGING_LEVEL", "value": "INFO"}],
                   agentCachePolicy={"enabled": True, "spec": {"autoscaling": {"enabled": False}, "replicas": 2}},

@@ -285,6 +285,7 @@ def test_model_pod_wiring(all_on_objects):
     assert vllm["resources"]["requests"]["nvidia.com/gpu"] == "2"
     env = _env(vllm)
     assert env["ANCHORAGE_POLICY"] == "hybrid" and env["ANCHORAGE_SCHEDULER"] == "prefix-aware"
+    assert env["ANCHORAGE_TIERING"] == "spatial"
     assert env["VLLM_PLUGINS"] == "anchorage"
     assert env["HF_TOKEN"] == {"secretKeyRef": {"name": "hf", "key": "token"}}
     # ANCHORAGE_CONFIG points into the operator ConfigMap's mount, in both containers.
