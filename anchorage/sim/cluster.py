@@ -39,6 +39,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Sequence
 
@@ -316,20 +317,24 @@ def _mean(xs: Sequence[float]) -> float:
     return sum(xs) / len(xs) if xs else math.nan
 
 
+def measured_requests(sim: ClusterSim) -> tuple[list, tuple[float, float] | None]:
+    """The completed requests every metric is computed over, and the steady-state window
+    (None without ``max_sessions``)."""
+    done = [r for r in sim.completed if r.measured]
+    if sim.cfg.max_sessions is None:
+        return done, None
+    hi = sim.last_start_s
+    lo = max(sim.cfg.warmup_s, sim.cfg.warmup_frac * hi)
+    if hi <= lo:
+        return [r for r in done if r.arrival_s <= hi], None
+    # every metric covers the steady state, not only throughput: requests of the ramp-up
+    # (before lo) leave TTFT and hit rate as they leave turns/s
+    return [r for r in done if lo <= r.arrival_s <= hi], (lo, hi)
+
+
 def summarize(sim: ClusterSim, workload: Workload, policy_name: str,
               router_name: str) -> dict[str, Any]:
-    done = [r for r in sim.completed if r.measured]
-    window = None
-    if sim.cfg.max_sessions is not None:
-        hi = sim.last_start_s
-        lo = max(sim.cfg.warmup_s, sim.cfg.warmup_frac * hi)
-        if hi > lo:
-            window = (lo, hi)
-            # every metric covers the steady state, not only throughput: requests of the
-            # ramp-up (before lo) leave TTFT and hit rate as they leave turns/s
-            done = [r for r in done if lo <= r.arrival_s <= hi]
-        else:
-            done = [r for r in done if r.arrival_s <= hi]
+    done, window = measured_requests(sim)
     ttft = [r.first_token_s - r.arrival_s for r in done]
     # TTFT = waiting for admission (queue: no free seat, budget or KV blocks) + prefill
     queue = [r.admitted_s - r.arrival_s for r in done if r.admitted_s is not None]
@@ -398,18 +403,23 @@ def summarize(sim: ClusterSim, workload: Workload, policy_name: str,
     }
 
 
-def run_timed(records: Sequence[TraceRecord], contexts: Sequence[RequestContext],
-              cfg: TimedConfig, policy: str, router: str = "round_robin", *,
-              policy_params: dict[str, Any] | None = None,
-              router_params: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Simulate ``records`` (with their ``contexts``, from ``replay.make_contexts``) under one
-    eviction policy and one router; returns the report (a JSON-able dict)."""
+def simulate_timed(records: Sequence[TraceRecord], contexts: Sequence[RequestContext],
+                   cfg: TimedConfig, policy: str, router: str = "round_robin", *,
+                   policy_params: dict[str, Any] | None = None,
+                   router_params: dict[str, Any] | None = None,
+                   wrap_policy: Callable[[EvictionPolicy], EvictionPolicy] | None = None,
+                   prepare: Callable[[ClusterSim], None] | None = None,
+                   ) -> tuple[ClusterSim, dict[str, Any]]:
+    """``run_timed``, also returning the finished simulation. ``wrap_policy`` wraps each
+    replica's policy; ``prepare`` sees the simulation before it runs (e.g. to attach a
+    host tier to its replicas)."""
     # fresh contexts per run: the simulator writes now_s and warmup into them
     ctxs = [RequestContext(**{f: getattr(c, f) for f in c.__slots__}) for c in contexts]
     bs = cfg.profile.block_size
 
     def factory() -> EvictionPolicy:
-        return make_policy(policy, block_size=bs, contexts=ctxs, params=policy_params)
+        p = make_policy(policy, block_size=bs, contexts=ctxs, params=policy_params)
+        return wrap_policy(p) if wrap_policy is not None else p
 
     pooled = router == POOLED
     r = None
@@ -417,10 +427,22 @@ def run_timed(records: Sequence[TraceRecord], contexts: Sequence[RequestContext]
         from anchorage.routing.registry import make_router
         r = make_router(router, **(router_params or {}))
     sim = ClusterSim(cfg, factory, r, pooled=pooled)
+    if prepare is not None:
+        prepare(sim)
     wl = build_workload(records, ctxs, cfg)
     sim.run(wl)
     out = summarize(sim, wl, policy, router)
     out["capacity_blocks"] = cfg.capacity
     out["profile"] = cfg.profile.name
     out["mode"] = cfg.mode
-    return out
+    return sim, out
+
+
+def run_timed(records: Sequence[TraceRecord], contexts: Sequence[RequestContext],
+              cfg: TimedConfig, policy: str, router: str = "round_robin", *,
+              policy_params: dict[str, Any] | None = None,
+              router_params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Simulate ``records`` (with their ``contexts``, from ``replay.make_contexts``) under one
+    eviction policy and one router; returns the report (a JSON-able dict)."""
+    return simulate_timed(records, contexts, cfg, policy, router,
+                          policy_params=policy_params, router_params=router_params)[1]

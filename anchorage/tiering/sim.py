@@ -475,30 +475,16 @@ def _merge(dicts: Sequence[dict]) -> dict:
     return out
 
 
-def _measured(sim) -> list:
-    """The requests ``summarize`` reports on (same steady-state window)."""
-    done = [r for r in sim.completed if r.measured]
-    if sim.cfg.max_sessions is not None:
-        hi = sim.last_start_s
-        lo = max(sim.cfg.warmup_s, sim.cfg.warmup_frac * hi)
-        done = [r for r in done if lo <= r.arrival_s <= hi] if hi > lo else \
-            [r for r in done if r.arrival_s <= hi]
-    return done
-
-
 def run_tiered(records, contexts, cfg, policy: str, router: str = "session", *,
                tiering: TieringConfig | None = None,
                policy_params: dict[str, Any] | None = None,
                router_params: dict[str, Any] | None = None) -> dict[str, Any]:
     """``run_timed`` with a host tier and a tiering mode on every replica."""
-    from anchorage.policies.registry import make_policy
-    from anchorage.routing.registry import make_router
     from anchorage.sim.cluster import (
         POOLED,
-        ClusterSim,
-        build_workload,
+        measured_requests,
         run_timed,
-        summarize,
+        simulate_timed,
     )
 
     tiering = tiering or TieringConfig()
@@ -509,25 +495,19 @@ def run_tiered(records, contexts, cfg, policy: str, router: str = "session", *,
         return out
     if router == POOLED:
         raise ValueError("tiering needs one pool per replica (not the pooled router)")
-    ctxs = [RequestContext(**{f: getattr(c, f) for f in c.__slots__}) for c in contexts]
-    bs = cfg.profile.block_size
-
-    def factory():
-        return TieredEviction(make_policy(policy, block_size=bs, contexts=ctxs,
-                                          params=policy_params), agent_of)
-
-    sim = ClusterSim(cfg, factory, make_router(router, **(router_params or {})))
     tool_stop = [r.tool_name is not None or r.tool_duration_ms is not None for r in records]
-    ctl = [SimTiering(rep, tiering, tool_stop) for rep in sim.replicas]
-    for rep, c in zip(sim.replicas, ctl):
-        rep.tiering = c
-    wl = build_workload(records, ctxs, cfg)
-    sim.run(wl)
-    out = summarize(sim, wl, policy, router)
-    out["capacity_blocks"] = cfg.capacity
-    out["profile"] = cfg.profile.name
-    out["mode"] = cfg.mode
-    done = _measured(sim)
+    ctl: list[SimTiering] = []
+
+    def attach(sim) -> None:
+        for rep in sim.replicas:
+            rep.tiering = SimTiering(rep, tiering, tool_stop)
+            ctl.append(rep.tiering)
+
+    sim, out = simulate_timed(records, contexts, cfg, policy, router,
+                              policy_params=policy_params, router_params=router_params,
+                              wrap_policy=lambda p: TieredEviction(p, agent_of),
+                              prepare=attach)
+    done, _ = measured_requests(sim)
     host_blocks = sum(r.host_hit_blocks for r in done)
     out["host_hit_blocks"] = host_blocks
     out["host_hit_rate"] = host_blocks / out["prompt_blocks"] if out["prompt_blocks"] else 0.0
