@@ -33,6 +33,21 @@ from anchorage.routing.metadata import MetadataError, parse_request, to_vllm_bod
 from anchorage.router.config import RouterConfig
 from anchorage.router.state import RoutingState
 
+
+class _RelayResponse(StreamingResponse):
+    """A streamed answer whose body generator is always closed when the response ends.
+
+    Starlette stops iterating the body when the client disconnects but never closes it, so
+    the generator's ``finally`` (which frees the replica in the routing state) would wait
+    for the garbage collector; a cancelled generator sits in a reference cycle, so that can
+    take arbitrarily long and leaves the replica counted as busy."""
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()
+
 log = logging.getLogger("anchorage.router")
 PROXIED = ("/v1/completions", "/v1/chat/completions")
 
@@ -273,10 +288,10 @@ def build_app(cfg: RouterConfig) -> FastAPI:
                     self.state.finish.remote(ctx, rid, outcome, usage, d["predicted_tokens"])
                     return Response(content, status_code=resp.status_code,
                                     media_type=resp.headers.get("content-type", "application/json"))
-                return StreamingResponse(self._relay(resp, ctx, rid, d["predicted_tokens"]),
-                                         status_code=resp.status_code,
-                                         media_type=resp.headers.get("content-type",
-                                                                     "text/event-stream"))
+                return _RelayResponse(self._relay(resp, ctx, rid, d["predicted_tokens"]),
+                                      status_code=resp.status_code,
+                                      media_type=resp.headers.get("content-type",
+                                                                  "text/event-stream"))
             return await self._reject(503, f"no healthy replica could serve the request "
                                       f"({last_error})", "unavailable")
 
