@@ -109,3 +109,79 @@ class WarmupScheduler:
                     : len(self._last_warm) - self._max_tracked]:
                 del self._last_warm[a]
         return Decision(tuple(warm), skipped)
+
+
+# -- scheduled reloads (the temporal controller's, node_agent/temporal.py) ------------------
+
+
+@dataclass(frozen=True)
+class ReloadConfig:
+    """Reload warm-ups: a pending reload is sent once its ``at_s`` has come, at most
+    ``rate_per_s`` per second (burst ``burst``); one more than ``max_late_s`` overdue is
+    dropped (``expired``: the session is likely back already, the request loads itself)."""
+    enabled: bool = True
+    rate_per_s: float = 4.0
+    burst: int = 8
+    max_late_s: float = 30.0
+    max_tracked: int = 4096
+
+    def __post_init__(self) -> None:
+        if self.rate_per_s < 0 or self.burst < 0 or self.max_late_s < 0:
+            raise ValueError("rate_per_s, burst and max_late_s must be >= 0")
+
+
+class ReloadScheduler:
+    """Which pending reloads (``{"id", "at_s", ...}`` dicts from the plugin's snapshot) to
+    send now. Each id is sent at most once; state: a token bucket and the ids handled
+    (bounded, oldest forgotten)."""
+
+    def __init__(self, config: ReloadConfig | None = None):
+        self.config = config or ReloadConfig()
+        self._tokens = float(self.config.burst)
+        self._last: float | None = None
+        self._done: dict[str, None] = {}
+        self.expired = self.rate_limited = 0
+
+    def due(self, now_s: float, pending: Sequence[dict]) -> list[dict]:
+        cfg = self.config
+        if self._last is not None and now_s > self._last:
+            self._tokens = min(float(cfg.burst), self._tokens + (now_s - self._last) * cfg.rate_per_s)
+        self._last = now_s if self._last is None else max(self._last, now_s)
+        if not cfg.enabled:
+            return []
+        out = []
+        for r in sorted(pending, key=lambda r: (r["at_s"], r["id"])):
+            rid = r["id"]
+            if rid in self._done or r["at_s"] > now_s:
+                continue
+            if now_s - r["at_s"] > cfg.max_late_s:
+                self._mark(rid)
+                self.expired += 1
+                continue
+            if self._tokens < 1.0:
+                self.rate_limited += 1
+                break  # the rest waits for the next tick, in time order
+            self._tokens -= 1.0
+            self._mark(rid)
+            out.append(r)
+        return out
+
+    def _mark(self, rid: str) -> None:
+        self._done[rid] = None
+        while len(self._done) > self.config.max_tracked:
+            del self._done[next(iter(self._done))]
+
+
+def reload_body(model: str, r: dict) -> dict:
+    """The warm-up that reloads a session (``POST /v1/completions``): its last prompt,
+    one output token, marked as a warm-up, under the session's id and cache salt."""
+    xargs = {"anchorage.warmup": 1}
+    if r.get("agent"):
+        xargs["anchorage.agent"] = r["agent"]
+    if r.get("tenant"):
+        xargs["anchorage.tenant"] = r["tenant"]
+    body = {"model": model, "prompt": list(r["token_ids"]), "max_tokens": 1,
+            "session_id": r["session"], "vllm_xargs": xargs}
+    if r.get("cache_salt"):
+        body["cache_salt"] = r["cache_salt"]
+    return body

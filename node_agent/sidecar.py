@@ -7,7 +7,10 @@ Runs next to one engine (asyncio, one process). Every ``tick_s``:
 2. resolves pending warm-ups (``WarmupLedger``): ``used`` when a real request with the
    warmed agent's fingerprint arrived after the warm-up completed and before its anchor's
    last block left the cache; ``wasted`` when it left first (or after ``horizon_s``);
-3. asks ``anchorage.warmup.WarmupScheduler`` which predicted agents to warm (anchors known
+3. sends the temporal controller's reloads that are due (``tiering.pending_reloads`` in
+   the snapshot, ``anchorage.warmup.ReloadScheduler``: the session's last prompt,
+   ``max_tokens`` = 1, ``anchorage.warmup`` = 1, its session id and cache salt), then
+   asks ``anchorage.warmup.WarmupScheduler`` which predicted agents to warm (anchors known
    from the plugin's registry; cached ones, from the engine's KV events, are skipped) and
    sends each as ``POST /v1/completions`` with ``prompt`` = the anchor's token ids,
    ``max_tokens`` = 1 and ``vllm_xargs`` ``{"anchorage.warmup": 1, "anchorage.agent":
@@ -38,7 +41,8 @@ from urllib.parse import parse_qs, urlsplit
 
 from anchorage.access_log import AccessLogConfig, AccessLogSampler
 from anchorage.trace.format import TraceHeader, dumps_trace
-from anchorage.warmup import WarmupConfig, WarmupScheduler
+from anchorage.warmup import (ReloadConfig, ReloadScheduler, WarmupConfig, WarmupScheduler,
+                              reload_body)
 from anchorage.node_agent.kv_events import CacheTracker, KVEventSubscriber, anchor_key
 from anchorage.node_agent.metrics import MetricsView, make_registry
 from anchorage.node_agent.state import (Snapshot, StateError, read_snapshot, state_path,
@@ -67,6 +71,7 @@ class SidecarConfig:
     request_timeout_s: float = 60.0
     horizon_s: float = 600.0
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
+    reload: ReloadConfig = field(default_factory=ReloadConfig)  # temporal tiering's warm-ups
     access_log: AccessLogConfig = field(default_factory=lambda: AccessLogConfig(sample_rate=0.05))
 
     def __post_init__(self) -> None:
@@ -166,6 +171,8 @@ class Sidecar:
         self._engine_up_s: float | None = None
         self.running = self.waiting = 0
         self.warmups = {"issued": 0, "skipped": 0, "failed": 0}
+        self.reloads = ReloadScheduler(config.reload)
+        self.reload_warmups = {"issued": 0, "failed": 0}
         self.config_generation = 0
         self._config_mtime: float | None = None
         self._last_req_seq = 0
@@ -326,6 +333,10 @@ class Sidecar:
             self.ledger.resolve(s, self.tracker, now)
         if s is None or not self.fresh(now) or not self.engine_ok or self.model_name is None:
             return
+        for r in self.due_reloads(s, now):
+            t = asyncio.create_task(self._reload(r))
+            self._inflight.add(t)
+            t.add_done_callback(self._inflight.discard)
         known, cached = [], []
         with self._lock():
             for agent in s.anchors:
@@ -350,6 +361,25 @@ class Sidecar:
             t = asyncio.create_task(self._warm(agent, toks, key, hint))
             self._inflight.add(t)
             t.add_done_callback(self._inflight.discard)
+
+    def due_reloads(self, s: Snapshot, now_s: float) -> list[dict[str, Any]]:
+        """The temporal controller's pending reloads (``tiering.pending_reloads``) whose
+        time has come, rate-limited (``anchorage.warmup.ReloadScheduler``)."""
+        pending = (s.tiering or {}).get("pending_reloads") or []
+        return self.reloads.due(now_s, pending) if pending else []
+
+    async def _reload(self, r: dict[str, Any]) -> None:
+        body = reload_body(self.model_name, r)
+        self.reload_warmups["issued"] += 1
+        try:
+            resp = await self._client.post(self.cfg.engine_url + "/v1/completions", json=body,
+                                           timeout=self.cfg.request_timeout_s)
+            resp.raise_for_status()
+        except Exception as exc:  # noqa: BLE001
+            self.reload_warmups["failed"] += 1
+            log.warning("reload warm-up for session %s failed: %s", r.get("session"), exc)
+            return
+        log.debug("reloaded session %s (%d tokens)", r.get("session"), len(r["token_ids"]))
 
     async def _warm(self, agent: str, token_ids: list[int], key: int, hint: str | None) -> None:
         body = {"model": self.model_name, "prompt": token_ids, "max_tokens": 1,

@@ -140,14 +140,44 @@ class AnchorRegistry:
                 for e in list(self.entries.values())]
 
 
+class SessionPrompts:
+    """Session -> its last real prompt's token ids and cache salt, for the temporal
+    controller's reload warm-ups (``node_agent.temporal``). Only requests that carry a
+    pending tool are kept (the ones that stall). Bounded by ``max_tokens`` in total: the
+    least recently updated sessions are dropped first. O(1) per request: the engine's
+    prompt list is referenced, not copied (vLLM does not change a request's prompt)."""
+
+    def __init__(self, max_tokens: int = 262144):
+        self.max_tokens = max_tokens
+        self.total = 0
+        self.entries: OrderedDict[str, tuple[Sequence[int], str | None]] = OrderedDict()
+
+    def offer(self, session: str, token_ids: Sequence[int], cache_salt: str | None) -> None:
+        old = self.entries.pop(session, None)
+        if old is not None:
+            self.total -= len(old[0])
+        if not token_ids or len(token_ids) > self.max_tokens:
+            return
+        self.entries[session] = (token_ids, cache_salt)
+        self.total += len(token_ids)
+        while self.total > self.max_tokens:
+            _, (toks, _) = self.entries.popitem(last=False)
+            self.total -= len(toks)
+
+    def get(self, session: str) -> tuple[list[int], str | None] | None:
+        e = self.entries.get(session)
+        return None if e is None else ([int(t) for t in e[0]], e[1])
+
+
 class NodeState:
     """What the plugin records on the request path (O(1) per request, O(anchor) the first
     time a fingerprint is seen) for the exporter thread to publish."""
 
     def __init__(self, block_size: int, *, max_anchors: int = 256, max_requests: int = 512,
-                 max_sessions: int = 4096):
+                 max_sessions: int = 4096, max_prompt_tokens: int = 262144):
         self.block_size = block_size
         self.anchors = AnchorRegistry(max_anchors)
+        self.prompts = SessionPrompts(max_prompt_tokens)
         self.predictions = dict.fromkeys(OUTCOMES, 0)
         self.requests_seen = 0
         self.evictions: dict[str, int] = {}
@@ -162,7 +192,7 @@ class NodeState:
         self.hist_sum = 0.0
 
     def observe(self, policy: Any, ctx: Any, prompt_token_ids: Sequence[int] | None,
-                now_s: float | None = None) -> None:
+                now_s: float | None = None, cache_salt: str | None = None) -> None:
         """One real request, after ``policy.on_request(ctx)``. Warm-ups and repeated
         scheduling attempts of the same request are ignored."""
         if getattr(ctx, "warmup", False):
@@ -174,6 +204,10 @@ class NodeState:
             self._seen_ids[rid] = None
             if len(self._seen_ids) > 4 * self._max_sessions:
                 self._seen_ids.popitem(last=False)
+        sid = getattr(ctx, "session_id", None)
+        if (sid is not None and prompt_token_ids is not None
+                and getattr(ctx, "tool_name", None) is not None):
+            self.prompts.offer(sid, prompt_token_ids, cache_salt)
         now = time.time() if now_s is None else now_s
         self.requests_seen += 1
         self._seq += 1
@@ -302,6 +336,22 @@ def policy_view(policy: Any, k: int = 8) -> dict[str, Any]:
     return out
 
 
+def _with_prompts(tiering: dict[str, Any] | None, st: NodeState | None) -> dict[str, Any] | None:
+    """The temporal controller's pending reloads with the session's last prompt (token ids
+    and cache salt) from the plugin's registry; a reload whose prompt is unknown is left
+    out (nothing to warm)."""
+    if not tiering or "pending_reloads" not in tiering:
+        return tiering
+    out = dict(tiering)
+    pend = []
+    for r in tiering["pending_reloads"]:
+        p = st.prompts.get(r["session"]) if st is not None else None
+        if p is not None:
+            pend.append({**r, "token_ids": p[0], "cache_salt": p[1]})
+    out["pending_reloads"] = pend
+    return out
+
+
 def block_pool_stats(policy_name: str) -> Callable[[], dict[str, Any]]:
     """The exporter's ``stats`` from the block-pool driver's process-wide counters:
     victims in the policy's order (reason ``lru`` for the ``lru`` policy, else ``policy``),
@@ -415,7 +465,7 @@ class PolicyStateExporter:
             "decision_seconds": st.histogram() if st is not None else None,
             "anchors": st.anchors.to_json() if st is not None else list(v.get("anchors", [])),
             "requests": st.sampled_requests(rate) if st is not None else [],
-            "tiering": v.get("tiering"),  # None unless ANCHORAGE_TIERING is on
+            "tiering": _with_prompts(v.get("tiering"), st),  # None unless ANCHORAGE_TIERING
         }
 
     def write_once(self) -> None:
@@ -482,6 +532,30 @@ def _tiering(doc: Any, where: str) -> dict[str, Any] | None:
             if not isinstance(v, dict):
                 raise StateError(f"{where}: tiering.{k} must be an object")
             out[k] = {str(a): int(n) for a, n in v.items()}
+    if "pending_reloads" in doc:
+        out["pending_reloads"] = _pending_reloads(doc["pending_reloads"], where)
+    return out
+
+
+def _pending_reloads(doc: Any, where: str) -> list[dict[str, Any]]:
+    """``tiering.pending_reloads``: [{"id", "session", "at_s", "blocks", "token_ids",
+    "cache_salt", "agent", "tenant"}] (the temporal controller's scheduled warm-ups)."""
+    if not isinstance(doc, list):
+        raise StateError(f"{where}: tiering.pending_reloads must be a list")
+    out = []
+    for r in doc:
+        if not isinstance(r, dict):
+            raise StateError(f"{where}: tiering.pending_reloads entries must be objects")
+        toks = r.get("token_ids")
+        if not isinstance(toks, list) or not toks or not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in toks):
+            raise StateError(f"{where}: pending reload {r.get('id')!r}: token_ids must be "
+                             f"a non-empty list of ints")
+        opt = {k: (r.get(k) if isinstance(r.get(k), str) else None)
+               for k in ("cache_salt", "agent", "tenant")}
+        out.append({"id": str(r["id"]), "session": str(r["session"]),
+                    "at_s": float(r["at_s"]), "blocks": int(r.get("blocks", 0)),
+                    "token_ids": toks, **opt})
     return out
 
 

@@ -154,12 +154,19 @@ class EngineTiering(TieredEviction):
 
 
 def maybe_wrap(policy: EvictionPolicy | None) -> EvictionPolicy | None:
-    """``EngineTiering(policy)`` when ``ANCHORAGE_TIERING=spatial``, else ``policy``."""
+    """``EngineTiering(policy)`` when ``ANCHORAGE_TIERING=spatial``; with ``temporal`` or
+    ``spatial,temporal``, ``node_agent.temporal.TemporalTiering``; else ``policy``."""
     mode = os.environ.get(ENV_TIERING, "").strip().lower()
     if policy is None or mode in ("", "off", "0"):
         return policy
+    parts = {p.strip() for p in mode.split(",")}
+    if "temporal" in parts and parts <= {"spatial", "temporal"}:
+        from anchorage.node_agent.temporal import TemporalParams, TemporalTiering
+
+        return TemporalTiering(policy, TemporalParams.from_env(), spatial="spatial" in parts)
     if mode != "spatial":
-        raise ValueError(f"{ENV_TIERING} must be 'spatial' or 'off', got {mode!r}")
+        raise ValueError(f"{ENV_TIERING} must be 'spatial', 'temporal', 'spatial,temporal' "
+                         f"or 'off', got {mode!r}")
     return EngineTiering(policy)
 
 
@@ -177,7 +184,7 @@ def admission_arrival(pool: Any, boost_s: float | None = None):
     None when ``ANCHORAGE_TIERING`` is off (the scheduler uses ``arrival_time``), else
     ``arrival_time - boost_s x criticality`` of the request's agent (see the module)."""
     mode = os.environ.get(ENV_TIERING, "").strip().lower()
-    if mode != "spatial":
+    if "spatial" not in {p.strip() for p in mode.split(",")}:
         return None
     from anchorage.node_agent.request_context import anchorage_args
 

@@ -92,15 +92,40 @@ class _BlockKeys:
         return self._blocks[block_id].block_hash
 
 
+class _RefCnt:
+    __slots__ = ("_blocks",)
+
+    def __init__(self, blocks: list):
+        self._blocks = blocks
+
+    def __getitem__(self, block_id: int) -> int:
+        return self._blocks[block_id].ref_cnt
+
+
 class PoolView:
     """What a policy may read of the engine's pool: the names of the model pool
-    (``anchorage.pool.block_pool.BlockPool``) it uses in the simulator."""
+    (``anchorage.pool.block_pool.BlockPool``) it uses in the simulator, plus
+    ``bytes_per_block`` (all layers; from the KV cache config at the first prefix lookup,
+    0 until then, -1 if unreadable)."""
 
     def __init__(self, pool: Any):
         self.capacity_blocks = pool.num_gpu_blocks - 1  # block 0 is vLLM's null block
         self.block_size = pool.hash_block_size
         self.cached = _CachedKeys(pool)
         self.block_key = _BlockKeys(pool.blocks)
+        self.ref_cnt = _RefCnt(pool.blocks)
+        self._free_queue = pool.free_block_queue
+        self.bytes_per_block = 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self._free_queue.num_free_blocks
+
+    def read_block_bytes(self, manager: Any) -> None:
+        from anchorage.node_agent.temporal import kv_block_bytes
+
+        self.bytes_per_block = -1
+        self.bytes_per_block = kv_block_bytes(manager.kv_cache_config) or -1
 
     def get_cached_block(self, key: Any) -> int | None:
         return self.cached.get(key)
@@ -160,7 +185,8 @@ class PolicyDriver:
         self.notify(self.policy.on_request, c)
         if self.state is not None:  # right after on_request: it reads the policy's request
             self.notify(self.state.observe, self.policy, c,
-                        getattr(request, "prompt_token_ids", None))
+                        getattr(request, "prompt_token_ids", None), None,
+                        getattr(request, "cache_salt", None))
 
     def end(self, request: Any) -> None:
         c = self.contexts.pop(getattr(request, "request_id", None), None)
@@ -490,6 +516,8 @@ def _get_computed_blocks(self, request):
         r.maybe_reload()
     d = _driver(self.block_pool)
     if d is not None:
+        if d.view.bytes_per_block == 0:
+            d.notify(d.view.read_block_bytes, self)
         d.begin(request)
     try:
         return _ORIG["KVCacheManager.get_computed_blocks"](self, request)
