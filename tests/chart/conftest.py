@@ -54,6 +54,7 @@ def all_on_values() -> dict:
                   agentCachePolicy={"enabled": True, "spec": {"autoscaling": {"enabled": False}, "replicas": 2}},
                   replicas=2),
             model("qwen-7b", policy="cachewise", servedModelName="qwen", vllmPlugins="anchorage,other",
+                  tiering="temporal", hostOffload={"memoryGiB": 32},
                   agentCachePolicy={"enabled": True, "spec": {
                       "routing": {"policy": "session", "weights": {"session": 2.0}},
                       "autoscaling": {"minReplicas": 2, "maxReplicas": 6, "targetHitRate": 0.7},

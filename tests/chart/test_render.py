@@ -269,6 +269,43 @@ def _env(c: dict) -> dict:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in c.get("env", [])}
 
 
+def test_temporal_tiering_renders_the_offload_connector(all_on_objects):
+    """tiering temporal: vLLM's OffloadingConnector with the host budget, and the same budget
+    and link bandwidth for the node agent's temporal controller; spatial alone: neither."""
+    dep = one(objects(render({"models": [model("m", tiering="spatial,temporal",
+                                               hostOffload={"memoryGiB": 64, "linkGBs": 50})]})),
+              "Deployment", "-m")
+    vllm = _containers(dep)["vllm"]
+    args = vllm["args"]
+    i = args.index("--kv-transfer-config")
+    assert json.loads(args[i + 1]) == {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+                                       "kv_connector_extra_config": {"cpu_bytes_to_use": 64 << 30}}
+    env = _env(vllm)
+    assert env["ANCHORAGE_TIERING"] == "spatial,temporal"
+    assert env["ANCHORAGE_HOST_BYTES"] == str(64 << 30) and env["ANCHORAGE_HOST_LINK_GBS"] == "50"
+    from anchorage.node_agent.temporal import TemporalParams
+
+    p = TemporalParams.from_env(env)  # what the plugin will read
+    assert (p.host_bytes, p.link_gbs) == (64 << 30, 50.0)
+    qwen = _containers(one(all_on_objects, "Deployment", "-qwen-7b"))["vllm"]
+    i = qwen["args"].index("--kv-transfer-config")
+    assert json.loads(qwen["args"][i + 1])["kv_connector_extra_config"] == {"cpu_bytes_to_use": 32 << 30}
+    assert _env(qwen)["ANCHORAGE_HOST_LINK_GBS"] == "25"
+    spatial = _containers(one(all_on_objects, "Deployment", "-llama-70b"))["vllm"]
+    assert "--kv-transfer-config" not in spatial["args"]
+    assert "ANCHORAGE_HOST_BYTES" not in _env(spatial)
+
+
+def test_temporal_tiering_needs_host_memory():
+    from helm_python import Chart, HelmRenderError
+
+    chart = Chart.load(str(CHART))
+    with pytest.raises(HelmRenderError) as exc:
+        chart.render({"models": [model("a", tiering="temporal")]}, name=RELEASE,
+                     namespace=NAMESPACE)
+    assert 'tiering "temporal": set hostOffload.memoryGiB' in str(exc.value)
+
+
 def test_model_pod_wiring(all_on_objects):
     dep = one(all_on_objects, "Deployment", "-llama-70b")
     spec = dep["spec"]["template"]["spec"]
@@ -394,6 +431,8 @@ BAD_VALUES = [
     ({"models": [model("a", policy="mru")]}, "/models/0/policy"),
     ({"models": [model("a", vllmPlugins="other")]}, "/models/0/vllmPlugins"),
     ({"models": [model("a", blockSize=24)]}, "/models/0/blockSize"),
+    ({"models": [model("a", tiering="temporal,spatial")]}, "/models/0/tiering"),
+    ({"models": [model("a", hostOffload={"linkGBs": 0})]}, "/models/0/hostOffload/linkGBs"),
     ({"models": [{"name": "a", "image": {"repository": "r", "tag": "t"}}]}, "model"),
     ({"models": [model("a", agentCachePolicy={"enabled": True, "spec": {"targetRef": {"name": "x"}}})]},
      "/models/0/agentCachePolicy/spec"),
