@@ -147,11 +147,21 @@ class VirtualClock:
     def now(self) -> float:
         return self.t
 
-    def stepped(self) -> None:
+    def stepped(self, step_s: float | None = None) -> None:
         self.t += self.step_s
 
     def idle_until(self, t: float) -> None:
         self.t = max(self.t, t)
+
+
+class ModelClock(VirtualClock):
+    """Time advances by each step's modelled duration (``SimEngine`` only: the cost model
+    of its profile), jumping over idle time."""
+
+    def stepped(self, step_s: float | None = None) -> None:
+        if step_s is None:
+            raise ValueError("clock='model' needs an engine that models step times (SimEngine)")
+        self.t += step_s
 
 
 class WallClock:
@@ -161,7 +171,7 @@ class WallClock:
     def now(self) -> float:
         return time.monotonic() - self.t0
 
-    def stepped(self) -> None:
+    def stepped(self, step_s: float | None = None) -> None:
         pass
 
     def idle_until(self, t: float) -> None:
@@ -180,14 +190,143 @@ class CpuClock:
     def now(self) -> float:
         return self.offset + time.process_time()
 
-    def stepped(self) -> None:
+    def stepped(self, step_s: float | None = None) -> None:
         pass
 
     def idle_until(self, t: float) -> None:
         self.offset += max(0.0, t - self.now())
 
 
-CLOCKS = {"virtual": VirtualClock, "wall": WallClock, "cpu": CpuClock}
+CLOCKS = {"virtual": VirtualClock, "wall": WallClock, "cpu": CpuClock, "model": ModelClock}
+
+
+@dataclass
+class StepOutput:
+    """What ``closed_loop`` reads of one request after a step (vLLM's ``RequestOutput``)."""
+
+    request_id: str
+    first_token: bool   # it has produced at least one token
+    finished: bool
+    cached_tokens: int  # prefix-cache hit at its (first) admission, tokens
+
+
+class _VllmEngine:
+    """``closed_loop``'s view of an in-process ``vllm.LLM``."""
+
+    step_s = None  # real steps take real time
+
+    def __init__(self, llm: Any):
+        self.eng = llm.llm_engine
+        self.SamplingParams, self.TokensPrompt = _imports()
+
+    def submit(self, rid: str, req: Any, index: int, now: float) -> None:
+        prompt, params, sid = _request(req.body, req.headers, self.SamplingParams,
+                                       self.TokensPrompt)
+        self.eng.add_request(rid, prompt, params, session_id=sid)
+
+    def step(self, now: float) -> list[StepOutput]:
+        return [StepOutput(o.request_id, bool(o.outputs and o.outputs[0].token_ids),
+                           o.finished, o.num_cached_tokens or 0) for o in self.eng.step()]
+
+
+class SimEngine:
+    """The timed simulator's replica (``anchorage.sim.engine.Replica``: vLLM's scheduler
+    and ``anchorage.pool.block_pool``) behind the calls ``closed_loop`` makes of the real
+    engine, so that both run one admission discipline. ``records`` are the replayed
+    (fitted) records; a submitted request is its record's context (``make_contexts``, as
+    ``simulate`` uses). ``profile``: a ``HardwareProfile`` (its ``max_num_seqs``,
+    ``max_num_batched_tokens`` and cost model; ``anchorage.sim.profiles.PROFILES``);
+    ``capacity_blocks``: usable blocks (the engine's ``num_gpu_blocks - 1``).
+
+    The policy hears of a request as the plugin tells it in vLLM: ``on_request`` at the
+    request's first admission attempt (the scheduler looks the head waiting request up
+    at every step until it fits; the plugin reports the first look-up), not at the
+    allocation that follows once blocks were freed. With one request in flight the two
+    coincide; with several, a request that waits for blocks is known to the policy while
+    the running ones finish and free theirs."""
+
+    def __init__(self, records: Sequence[TraceRecord], capacity_blocks: int, policy: str,
+                 profile: Any, params: dict[str, Any] | None = None):
+        from anchorage.policies.registry import make_policy
+        from anchorage.sim.engine import Replica
+        from anchorage.sim.replay import make_contexts
+
+        self.ctxs = make_contexts(records)
+        bs = profile.block_size
+        self.policy = make_policy(policy, block_size=bs, contexts=self.ctxs, params=params)
+        self.pool = _FirstAttemptPool(capacity_blocks, bs, self.policy)
+        self.replica = Replica(0, profile, self.pool)
+        self.step_s: float | None = None
+        self._rid: dict[int, str] = {}
+        self._hit: dict[int, int] = {}  # request index -> hit tokens at first admission
+
+    def submit(self, rid: str, req: Any, index: int, now: float) -> None:
+        from anchorage.sim.engine import SimRequest
+
+        r = SimRequest(self.ctxs[index], now, session=req.session, index=index)
+        if not self.replica.fits_ever(r):
+            raise ValueError(f"request {index} ({r.prompt_len} tokens) cannot fit the pool")
+        self._rid[index] = rid
+        self.pool.waiting[id(r.ctx.keys)] = r.ctx
+        self.replica.enqueue(r)
+
+    def step(self, now: float) -> list[StepOutput]:
+        self.pool.now = now
+        plan = self.replica.plan_step(now)
+        if plan is None:
+            self.step_s = 0.0
+            return []
+        for r, _, _ in plan.items:
+            self._hit.setdefault(r.index, r.hit_tokens)
+        done = self.replica.finish_step(plan)
+        self.step_s = plan.duration_s
+        fin = {id(r) for r in done}
+        return [StepOutput(self._rid[r.index], r.first_token_s is not None, id(r) in fin,
+                           self._hit[r.index])
+                for r, _, _ in plan.items]
+
+
+def _first_attempt_pool():
+    from anchorage.pool.block_pool import BlockPool
+
+    class FirstAttemptPool(BlockPool):
+        """``BlockPool`` whose policy gets ``on_request`` at the first prefix look-up of a
+        submitted request (the scheduler's admission attempt), once per admission."""
+
+        def __init__(self, *args: Any, **kwargs: Any):
+            super().__init__(*args, **kwargs)
+            self.now = 0.0
+            self.waiting: dict[int, Any] = {}  # id(ctx.keys) -> ctx, not yet looked up
+            self._told: set[int] = set()  # id(ctx) told on_request, not yet done
+            pol = self.policy
+            on_request, on_done = pol.on_request, pol.on_request_done
+
+            def once(ctx: Any) -> None:
+                if id(ctx) not in self._told:
+                    self._told.add(id(ctx))
+                    on_request(ctx)
+
+            def done(ctx: Any) -> None:
+                self._told.discard(id(ctx))
+                on_done(ctx)
+
+            pol.on_request, pol.on_request_done = once, done  # this instance only
+            # the plugin does not report vLLM's queue (Scheduler.add_request is stock):
+            # the replica's on_queued at enqueue stays unheard, as in the engine
+            pol.on_queued = lambda ctx: None
+
+        def num_hit_blocks(self, keys: Any, num_prompt_tokens: int) -> int:
+            ctx = self.waiting.pop(id(keys), None)
+            if ctx is not None:
+                ctx.now_s = self.now
+                self.policy.on_request(ctx)
+            return super().num_hit_blocks(keys, num_prompt_tokens)
+
+    return FirstAttemptPool
+
+
+def _FirstAttemptPool(*args: Any, **kwargs: Any):
+    return _first_attempt_pool()(*args, **kwargs)
 
 
 def closed_loop(llm: Any, records: Sequence[TraceRecord], block_size: int, *,
@@ -195,16 +334,16 @@ def closed_loop(llm: Any, records: Sequence[TraceRecord], block_size: int, *,
                 max_sessions: int = 8, max_in_flight: int = 6, clock: str = "virtual",
                 step_s: float = 0.01,
                 on_step: Callable[[float], None] | None = None) -> EngineRun:
-    """Sessions in flight as the drive runs them, through ``llm``'s engine (see module doc)."""
-    SamplingParams, TokensPrompt = _imports()
+    """Sessions in flight as the drive runs them, through ``llm``'s engine (a ``vllm.LLM``
+    or a ``SimEngine``; see module doc)."""
     opts = _options(block_size, vocab, records, time_compression=time_compression,
                     max_gap_s=max_gap_s)
     sessions = plan(records, opts)
     if clock not in CLOCKS:
         raise ValueError(f"clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
+    eng = llm if isinstance(llm, SimEngine) else _VllmEngine(llm)
     clk = VirtualClock(step_s) if clock == "virtual" else CLOCKS[clock]()
     prev = request_context.set_clock(clk.now)
-    eng = llm.llm_engine
     # active sessions: [plan, next request position (-1 - k: request k in flight), ready]
     todo = list(sessions)
     active: list[list] = []
@@ -226,18 +365,16 @@ def closed_loop(llm: Any, records: Sequence[TraceRecord], block_size: int, *,
                     break
                 sp, k = a[0], a[1]
                 req = sp.requests[k]
-                prompt, params, sid = _request(req.body, req.headers, SamplingParams,
-                                               TokensPrompt)
                 rid = f"r{req.index}"
-                eng.add_request(rid, prompt, params, session_id=sid)
+                eng.submit(rid, req, req.index, now)
                 rec = records[req.index]
-                o = Outcome(req.index, sid, len(rec.hash_ids), 0, submitted_s=now)
+                o = Outcome(req.index, req.session, len(rec.hash_ids), 0, submitted_s=now)
                 inflight[rid] = (a, req, o)
                 a[1] = -1 - k  # waiting for this request
             if inflight:
-                outs = eng.step()
+                outs = eng.step(now)
                 steps += 1
-                clk.stepped()
+                clk.stepped(eng.step_s)
                 now = clk.now()
                 if on_step is not None:
                     on_step(now)
@@ -246,11 +383,11 @@ def closed_loop(llm: Any, records: Sequence[TraceRecord], block_size: int, *,
                     if entry is None:
                         continue
                     a, req, o = entry
-                    if o.ttft_s is None and out.outputs and out.outputs[0].token_ids:
+                    if o.ttft_s is None and out.first_token:
                         o.ttft_s = now - o.submitted_s
                     if out.finished:
                         del inflight[out.request_id]
-                        o.cached_tokens = out.num_cached_tokens or 0
+                        o.cached_tokens = out.cached_tokens
                         o.latency_s = now - o.submitted_s
                         if o.ttft_s is None:
                             o.ttft_s = o.latency_s
