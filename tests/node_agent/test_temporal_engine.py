@@ -21,6 +21,7 @@ from anchorage.node_agent.sidecar import Sidecar, SidecarConfig
 from anchorage.node_agent.state import NodeState, PolicyStateExporter, parse_snapshot
 from anchorage.node_agent.temporal import TemporalParams, TemporalTiering
 from anchorage.policies.registry import make_policy
+from anchorage.stack.tiny_model import TINY_LLAMA
 from anchorage.tiering.temporal import GateParams
 from anchorage.warmup import reload_body
 
@@ -122,7 +123,7 @@ def stall_then_flood(engine, policy, drv, clock, tool: str):
     clock.t += 1.0
     run(engine, "u-1", u_toks, "u")
     clock.t += 1.0
-    ok0 = policy.temporal.offloads["ok"]
+    before = (policy.temporal.offloads["ok"], policy.temporal.bytes["d2h"])
     run(engine, "s-1", s_toks, "s", tool=tool)
     end_s = clock.t
     u_keys, s_keys = policy.keys["u"], policy.keys["s"]
@@ -133,7 +134,7 @@ def stall_then_flood(engine, policy, drv, clock, tool: str):
     assert k * BS <= engine.max_model_len
     clock.t += 1.0
     run(engine, "f-1", tokens(3, k * BS - 1), "f")
-    return u_keys, s_keys, s_toks, end_s, ok0
+    return u_keys, s_keys, s_toks, end_s, before
 
 
 @pytest.mark.parametrize("tool,offload", [(LONG_TOOL, True), (SHORT_TOOL, False)])
@@ -141,11 +142,16 @@ def test_a_long_predicted_stall_demotes_the_session_a_short_one_does_not(tempora
                                                                           offload):
     engine, policy, drv, clock = temporal
     errors0 = vllm_block_pool.STATS.errors
-    u_keys, s_keys, _, _, ok0 = stall_then_flood(engine, policy, drv, clock, tool)
+    u_keys, s_keys, _, _, (ok0, d2h0) = stall_then_flood(engine, policy, drv, clock, tool)
     assert vllm_block_pool.STATS.errors == errors0
     if offload:
         assert policy.temporal.offloads["ok"] == ok0 + 1
-        assert policy.temporal.bytes["d2h"] > 0 and drv.view.bytes_per_block > 0
+        # bytes per block from the engine's KV cache config: layers x KV heads x head dim
+        # x 2 (K, V) x 2 (bf16) x block size
+        m = TINY_LLAMA
+        assert drv.view.bytes_per_block == (m["num_hidden_layers"] * m["num_key_value_heads"]
+                                            * m["head_dim"] * 2 * 2 * BS)
+        assert policy.temporal.bytes["d2h"] - d2h0 == PROMPT_BLOCKS * drv.view.bytes_per_block
         # the stalled session's blocks went first; the older unrelated session survived
         assert cached_blocks(drv, u_keys) == PROMPT_BLOCKS
         assert cached_blocks(drv, s_keys) < PROMPT_BLOCKS
