@@ -16,20 +16,28 @@ the start is recorded next to the numbers.
     .venv/bin/python bench/bench_router.py [--sessions 10000] [--replicas 64]
         [--decisions 20000] [--policies agent,prefix,...] [--out bench/results/router.json]
     .venv/bin/python bench/bench_router.py --sim [--sim-replicas 4,8] [--sim-scales 2.5,2,1.75,1.5]
-        [--jobs 2] [--out bench/results/router_sim.json]
+        [--sim-topology random|selector|pipeline|...] [--jobs 2] [--out bench/results/router_sim.json]
 
 ``--sim`` measures instead placement quality in the cluster simulator
 (``anchorage.sim.cluster``): ``h200-llama3-8b`` replicas (``--sim-replicas 4,8``) with
 ``--sim-capacity`` KV blocks each, every replica under the ``hybrid`` eviction policy,
-on a generated multi-agent workload (``random`` topology, 16 agents, 400 sessions, 16
-concurrent sessions per replica, seed 1), open-loop arrivals swept over
+on a generated multi-agent workload (``--sim-topology``, default ``random``; 16 agents, 400
+sessions, 16 concurrent sessions per replica, seed 1), open-loop arrivals swept over
 ``--sim-scales`` (trace time multipliers: 2.0 = half the trace's rate). For each size:
 ``round_robin`` and ``agent`` at every rate (the TTFT curve), and ``pooled`` (one cache of
 the fleet's total size: the reference), ``prefix`` and ``least_loaded`` at the *knee*:
 the lowest rate at which ``round_robin``'s TTFT p90 exceeds twice its value at the
 lightest rate (queueing starts to dominate: "near saturation"). Targets (issue 5):
 ``agent`` >= 95 % of ``pooled``'s hit rate and >= ``prefix`` + 10 points, and TTFT p90 at
-most half of ``round_robin``'s at the knee. Results: ``bench/results/router_sim.json``.
+most half of ``round_robin``'s at the knee. Results: ``bench/results/router_sim.json``
+(``random``), ``bench/results/router_sim_<topology>.json`` for another topology.
+
+Each row also decomposes the fleet's prompt blocks (``anchorage.routing.analysis``):
+``compulsory`` (no earlier prompt anywhere held the prefix), ``placement`` (an earlier
+prompt on *another* replica held it, not this one), ``capacity`` (this replica had held
+it and evicted it, or it was still being computed), so hit + compulsory + placement +
+capacity = 1; ``anchor_*`` are the shares of placement and capacity on blocks shared
+across sessions. For ``pooled`` (one cache) placement is 0 by definition.
 
 ``--serve`` measures instead the router's overhead through Ray Serve: sequential
 ``/v1/completions`` latency (p50/p99) sent directly to an upstream vs through the router
@@ -212,35 +220,45 @@ SIM_AGENTS, SIM_SESSIONS, SIM_CONCURRENCY_PER_REPLICA = 16, 400, 16
 _TRACES: dict = {}
 
 
-def _sim_trace(replicas: int):
-    if replicas not in _TRACES:
+def _sim_trace(replicas: int, topology: str = "random"):
+    if (replicas, topology) not in _TRACES:
         from anchorage.sim.replay import make_contexts
         from anchorage.trace.generate import generate
-        _, recs = generate("random", SIM_AGENTS, SIM_SESSIONS, seed=1,
+        _, recs = generate(topology, SIM_AGENTS, SIM_SESSIONS, seed=1,
                            block_size=16, concurrency=SIM_CONCURRENCY_PER_REPLICA * replicas)
-        _TRACES[replicas] = (recs, make_contexts(recs))
-    return _TRACES[replicas]
+        _TRACES[replicas, topology] = (recs, make_contexts(recs))
+    return _TRACES[replicas, topology]
 
 
 def sim_run(job: tuple) -> dict:
-    """One simulation: (replicas, capacity, time scale, router, eviction policy)."""
-    from anchorage.sim.cluster import TimedConfig, run_timed
+    """One simulation: (replicas, capacity, time scale, router, eviction policy, topology)."""
+    from anchorage.routing.analysis import miss_decomposition
+    from anchorage.sim.cluster import TimedConfig, simulate_timed
     from anchorage.sim.profiles import get_profile
-    replicas, capacity, scale, router, policy = job
-    recs, ctxs = _sim_trace(replicas)
+    replicas, capacity, scale, router, policy, topology = job
+    recs, ctxs = _sim_trace(replicas, topology)
     cfg = TimedConfig(get_profile("h200-llama3-8b").with_(block_size=16), replicas=replicas,
                       mode="open", time_scale=scale, capacity_blocks=capacity)
     t0 = time.perf_counter()
-    res = run_timed(recs, ctxs, cfg, policy, router)
+    c0 = time.process_time()
+    sim, res = simulate_timed(recs, ctxs, cfg, policy, router)
+    cpu = time.process_time() - c0
     span = recs[-1].timestamp / 1000.0 * scale
     util = [p["utilization"] for p in res["per_replica"]]
-    return {"replicas": replicas, "capacity_blocks": capacity, "time_scale": scale,
+    done = [r for r in sim.completed if r.measured and r.admitted_s is not None]
+    done.sort(key=lambda r: (r.admitted_s, r.index))
+    loss = miss_decomposition(((r.ctx.keys, 0 if sim.pooled else r.replica, r.hit_blocks,
+                                r.session) for r in done))
+    return {"topology": topology, "replicas": replicas, "capacity_blocks": capacity,
+            "time_scale": scale,
             "rate_rps": len(recs) / span, "router": router, "policy": policy,
             "hit_rate": res["hit_rate"], "ttft_p50_s": res["ttft_p50_s"],
             "ttft_p90_s": res["ttft_p90_s"], "ttft_mean_s": res["ttft_mean_s"],
             "throughput_rps": res["throughput_rps"], "preemptions": res["preemptions"],
             "utilization_mean": sum(util) / len(util), "utilization_max": max(util),
-            "requests": res["requests"], "sim_s": time.perf_counter() - t0}
+            "requests": res["requests"], "loss": loss,
+            "decisions": dict(getattr(sim.router, "decisions", None) or {}),
+            "sim_s": time.perf_counter() - t0, "sim_cpu_s": cpu}
 
 
 def _map(fn, jobs: list, n: int) -> list:
@@ -261,17 +279,17 @@ def knee(curve: list[dict]) -> dict:
 def sim_bench(args) -> int:
     sizes = [int(x) for x in args.sim_replicas.split(",")]
     scales = sorted((float(x) for x in args.sim_scales.split(",")), reverse=True)
-    pol, cap = args.sim_policy, args.sim_capacity
+    pol, cap, topo = args.sim_policy, args.sim_capacity, args.sim_topology
     load = os.getloadavg()[0]
     print(f"cluster simulation, h200-llama3-8b, {cap} blocks per replica, {pol} eviction, "
-          f"open loop; load average {load:.1f}", flush=True)
-    rows = _map(sim_run, [(n, cap, sc, r, pol) for n in sizes for sc in scales
+          f"{topo} topology, open loop; load average {load:.1f}", flush=True)
+    rows = _map(sim_run, [(n, cap, sc, r, pol, topo) for n in sizes for sc in scales
                           for r in ("round_robin", "agent")], args.jobs)
     knees = {}
     for n in sizes:
         rr = [r for r in rows if r["replicas"] == n and r["router"] == "round_robin"]
         knees[n] = knee(rr)["time_scale"]
-    rows += _map(sim_run, [(n, cap, knees[n], r, pol) for n in sizes
+    rows += _map(sim_run, [(n, cap, knees[n], r, pol, topo) for n in sizes
                            for r in ("pooled", "prefix", "least_loaded")], args.jobs)
     summary = []
     for n in sizes:
@@ -286,12 +304,15 @@ def sim_bench(args) -> int:
                   f"{a['hit_rate']:>10.1%}{b['utilization_mean']:>9.2f}")
         at = {r["router"]: r for r in rows if r["replicas"] == n and r["time_scale"] == knees[n]}
         ref = at["pooled"]["hit_rate"]
-        print(f"{'router':<14}{'hit':>8}{'% pooled':>10}{'TTFT p90 s':>12}{'p50 s':>8}  at the knee "
+        print(f"{'router':<14}{'hit':>8}{'% pooled':>10}{'TTFT p90 s':>12}{'p50 s':>8}"
+              f"{'compuls.':>10}{'placem.':>9}{'capacity':>10}  at the knee "
               f"({at['round_robin']['rate_rps']:.2f} req/s)")
         for name in ("pooled", "agent", "prefix", "least_loaded", "round_robin"):
             r = at[name]
+            lo = r["loss"]
             print(f"{name:<14}{r['hit_rate']:>8.1%}{r['hit_rate'] / ref:>10.1%}"
-                  f"{r['ttft_p90_s']:>12.2f}{r['ttft_p50_s']:>8.2f}")
+                  f"{r['ttft_p90_s']:>12.2f}{r['ttft_p50_s']:>8.2f}{lo['compulsory']:>10.1%}"
+                  f"{lo['placement']:>9.1%}{lo['capacity']:>10.1%}")
         a = at["agent"]
         s = {"replicas": n, "knee_time_scale": knees[n], "knee_rate_rps": a["rate_rps"],
              "agent_pct_of_pooled": a["hit_rate"] / ref,
@@ -308,7 +329,7 @@ def sim_bench(args) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
         "benchmark": "router_sim_placement", "profile": "h200-llama3-8b", "policy": pol,
-        "capacity_blocks": cap, "workload": {"topology": "random", "agents": SIM_AGENTS,
+        "capacity_blocks": cap, "workload": {"topology": topo, "agents": SIM_AGENTS,
                                              "sessions": SIM_SESSIONS,
                                              "concurrency_per_replica": SIM_CONCURRENCY_PER_REPLICA,
                                              "seed": 1, "block_size": 16},
@@ -335,11 +356,17 @@ def main() -> int:
                     help="open-loop trace time multipliers (the rate sweep)")
     ap.add_argument("--sim-capacity", type=int, default=4000, help="KV blocks per replica")
     ap.add_argument("--sim-policy", default="hybrid", help="eviction policy of every replica")
+    ap.add_argument("--sim-topology", default="random",
+                    help="generated workload topology (random, selector, pipeline, ...)")
     ap.add_argument("--jobs", type=int, default=1, help="--sim: parallel simulations")
     args = ap.parse_args()
     if args.sim:
+        from anchorage.trace.generate import TOPOLOGIES
+        if args.sim_topology not in TOPOLOGIES:
+            ap.error(f"--sim-topology must be one of {', '.join(TOPOLOGIES)}")
         if args.out == "bench/results/router.json":
-            args.out = "bench/results/router_sim.json"
+            args.out = ("bench/results/router_sim.json" if args.sim_topology == "random"
+                        else f"bench/results/router_sim_{args.sim_topology}.json")
         return sim_bench(args)
     if args.serve:
         if args.policies == ",".join(router_names()):

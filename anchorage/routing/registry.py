@@ -15,7 +15,7 @@ from anchorage.routing.base import Router
 
 _ROUTERS: dict[str, Callable[..., Router]] = {}
 _NOT_ROUTERS = {"base", "registry", "events", "keys", "load", "prefix_index", "metadata",
-                "vllm_events"}
+                "vllm_events", "analysis"}
 
 
 def _load() -> None:
