@@ -173,6 +173,7 @@ class PrefixAwareMixin:
         from anchorage.node_agent.tiering import admission_arrival  # ANCHORAGE_TIERING
 
         self._anchorage_arrival = admission_arrival(pool) or _arrival_time
+        pool._anchorage_waiting_demand = self._anchorage_waiting_demand  # node_agent/temporal
         self.anchorage_enabled = True
         log.info("anchorage: prefix-aware admission (aging %g s per block, window %d)",
                  self.anchorage_aging_s, self.anchorage_window)
@@ -214,6 +215,13 @@ class PrefixAwareMixin:
         self._anchorage_hits[request.request_id] = k
         bs = self._anchorage_bs
         return -(-request.num_tokens // bs) - k
+
+    def _anchorage_waiting_demand(self, k: int = 32) -> list[tuple[int, int]]:
+        """(new blocks, tokens) of the first ``k`` waiting requests in queue order: the
+        temporal tiering gate's view of the queue (``PoolView.waiting_demand``)."""
+        self._anchorage_lookup = self._anchorage_pool.cached_block_hash_to_block.get_one_block
+        return [(max(0, self._anchorage_new_blocks(r)), int(r.num_tokens))
+                for _, r in zip(range(k), self.waiting)]
 
     def _anchorage_reorder(self) -> None:
         from vllm.v1.request import RequestStatus

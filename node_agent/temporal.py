@@ -31,8 +31,9 @@ and a session id, the controller:
 3. runs the gate ``anchorage.tiering.temporal.decide_offload`` with: pressure = (blocks
    held by running requests + queued demand when the scheduler's queue is known) /
    capacity; host room = budget blocks - blocks of offloaded sessions not back yet;
-   ``waiting`` = the scheduler's queue when known, else unknown, which counts as one
-   request that fits (``UNKNOWN_QUEUE``); ``since_move_s`` = time since this session's
+   ``waiting`` = the scheduler's queue, first 32 requests (new blocks, tokens), when the
+   prefix-aware scheduler shows it (``PoolView.waiting_demand``), else unknown, which
+   counts as one request that fits (``UNKNOWN_QUEUE``); ``since_move_s`` = time since this session's
    last offload; criticality = the spatial policy's, 0 without ``spatial``;
 4. offload => ``TieredEviction.demote`` of the session's cached free blocks (evicted before
    anything else: on the CUDA build the connector holds their host copies, so early
@@ -388,7 +389,7 @@ class TemporalTiering(EngineTiering):
         free = [b for b in ids if ref[b] == 0]
         reading = PoolReading(view.capacity_blocks, view.num_free_blocks,
                               int(getattr(view, "bytes_per_block", 0) or 0),
-                              getattr(view, "waiting_demand", lambda: None)())
+                              view.waiting_demand())
         crit = (self.criticality.get(ctx.agent_hint, 0.0)
                 if self.spatial and ctx.agent_hint else 0.0)
         dec = self.temporal.turn_end(ctx, keys, len(free), reading, ctx.now_s, crit)

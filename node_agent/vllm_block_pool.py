@@ -115,7 +115,14 @@ class PoolView:
         self.block_key = _BlockKeys(pool.blocks)
         self.ref_cnt = _RefCnt(pool.blocks)
         self._free_queue = pool.free_block_queue
+        self._pool = pool
         self.bytes_per_block = 0
+
+    def waiting_demand(self) -> list[tuple[int, int]] | None:
+        """The scheduler's queue, (new blocks, tokens) per request in queue order, when the
+        prefix-aware scheduler shows it (``node_agent.scheduler``); else None (unknown)."""
+        fn = getattr(self._pool, "_anchorage_waiting_demand", None)
+        return fn() if fn is not None else None
 
     @property
     def num_free_blocks(self) -> int:

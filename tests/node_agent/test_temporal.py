@@ -248,3 +248,37 @@ def test_reload_body_is_a_warmup_under_the_session_and_salt():
                                 "anchorage.tenant": "t1"}}
     assert "cache_salt" not in reload_body("m", {"token_ids": [1], "session": "s"})
     assert math.isfinite(P.transfer_s(1, MIB))
+
+
+# -- the scheduler's queue, when the prefix-aware scheduler shows it ------------------------
+
+
+def fake_vllm_pool(**extra):
+    from types import SimpleNamespace
+
+    q = SimpleNamespace(num_free_blocks=7)
+    return SimpleNamespace(num_gpu_blocks=11, hash_block_size=32, blocks=[],
+                           cached_block_hash_to_block=None, free_block_queue=q, **extra)
+
+
+def test_pool_view_reads_the_queue_only_when_the_scheduler_shows_it():
+    from anchorage.node_agent.vllm_block_pool import PoolView
+
+    assert PoolView(fake_vllm_pool()).waiting_demand() is None  # stock scheduler: unknown
+    v = PoolView(fake_vllm_pool(_anchorage_waiting_demand=lambda: [(3, 100), (0, 40)]))
+    assert v.waiting_demand() == [(3, 100), (0, 40)] and v.num_free_blocks == 7
+
+
+def test_prefix_aware_scheduler_reports_new_blocks_of_the_first_waiting_requests():
+    from types import SimpleNamespace
+
+    from anchorage.node_agent.scheduler import PrefixAwareMixin
+
+    reqs = [SimpleNamespace(request_id=f"r{i}", num_tokens=64 * (i + 1)) for i in range(40)]
+    me = SimpleNamespace(
+        _anchorage_pool=SimpleNamespace(
+            cached_block_hash_to_block=SimpleNamespace(get_one_block=lambda k: None)),
+        waiting=reqs, _anchorage_new_blocks=lambda r: 2 * int(r.request_id[1:]) - 1)
+    out = PrefixAwareMixin._anchorage_waiting_demand(me)
+    assert len(out) == 32  # the first 32, in queue order
+    assert out[:3] == [(0, 64), (1, 128), (3, 192)]
