@@ -31,6 +31,9 @@ and a session id, the controller:
 3. runs the gate ``anchorage.tiering.temporal.decide_offload`` with: pressure = (blocks
    held by running requests + queued demand when the scheduler's queue is known) /
    capacity; host room = budget blocks - blocks of offloaded sessions not back yet;
+   ``free_blocks`` = the pool's free blocks other than the session's (cached ones too:
+   the pool does not count its cached free blocks cheaply; the simulator uses uncached
+   free blocks, so ``no_fit`` is rarer here);
    ``waiting`` = the scheduler's queue, first 32 requests (new blocks, tokens), when the
    prefix-aware scheduler shows it (``PoolView.waiting_demand``), else unknown, which
    counts as one request that fits (``UNKNOWN_QUEUE``); ``since_move_s`` = time since this session's
@@ -74,11 +77,17 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from anchorage.node_agent.tiering import EngineTiering
+
 from anchorage.policies.base import EvictionPolicy, RequestContext
 from anchorage.tiering.forecast import StallForecaster
-from anchorage.tiering.temporal import (Decision, GateInput, GateParams, decide_offload,
-                                        reload_at_s)
-from anchorage.node_agent.tiering import EngineTiering
+from anchorage.tiering.temporal import (
+    Decision,
+    GateInput,
+    GateParams,
+    decide_offload,
+    reload_at_s,
+)
 
 ENV_HOST_BYTES = "ANCHORAGE_HOST_BYTES"
 ENV_LINK_GBS = "ANCHORAGE_HOST_LINK_GBS"
@@ -120,7 +129,7 @@ class TemporalParams:
         return 0.0 if blocks <= 0 else self.latency_s + blocks * block_bytes / (self.link_gbs * 1e9)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "TemporalParams":
+    def from_env(cls, env: Mapping[str, str] | None = None) -> TemporalParams:
         env = os.environ if env is None else env
 
         def num(name: str, default: float | None) -> float:

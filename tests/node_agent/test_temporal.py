@@ -7,13 +7,23 @@ from __future__ import annotations
 import math
 
 import pytest
+from anchorage.node_agent import tiering as engine_tiering
+from anchorage.node_agent.state import (
+    NodeState,
+    PolicyStateExporter,
+    SessionPrompts,
+    StateError,
+    parse_snapshot,
+)
+from anchorage.node_agent.temporal import (
+    PoolReading,
+    TemporalController,
+    TemporalParams,
+    kv_block_bytes,
+    plan_offload,
+)
 
 from anchorage.policies.base import RequestContext
-from anchorage.node_agent.state import (NodeState, PolicyStateExporter, SessionPrompts,
-                                        StateError, parse_snapshot)
-from anchorage.node_agent.temporal import (PoolReading, TemporalController, TemporalParams,
-                                           kv_block_bytes, plan_offload)
-from anchorage.node_agent import tiering as engine_tiering
 from anchorage.warmup import ReloadConfig, ReloadScheduler, reload_body
 
 MIB = 1 << 20
@@ -78,8 +88,9 @@ def test_params_from_env_name_the_variable():
 
 
 def test_maybe_wrap_modes(monkeypatch):
-    from anchorage.policies.registry import make_policy
     from anchorage.node_agent.temporal import TemporalTiering
+
+    from anchorage.policies.registry import make_policy
 
     monkeypatch.setenv("ANCHORAGE_HOST_BYTES", "1000000")
     for mode, spatial in (("temporal", False), ("spatial,temporal", True)):

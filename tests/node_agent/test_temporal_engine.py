@@ -15,11 +15,11 @@
 from __future__ import annotations
 
 import pytest
-
 from anchorage.node_agent import request_context, vllm_block_pool
 from anchorage.node_agent.sidecar import Sidecar, SidecarConfig
 from anchorage.node_agent.state import NodeState, PolicyStateExporter, parse_snapshot
 from anchorage.node_agent.temporal import TemporalParams, TemporalTiering
+
 from anchorage.policies.registry import make_policy
 from anchorage.stack.tiny_model import TINY_LLAMA
 from anchorage.tiering.temporal import GateParams

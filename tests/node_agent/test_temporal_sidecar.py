@@ -8,9 +8,9 @@ import asyncio
 import time
 
 import httpx
+from anchorage.node_agent.state import NodeState, PolicyStateExporter
 
 from anchorage.policies.base import RequestContext
-from anchorage.node_agent.state import NodeState, PolicyStateExporter
 from tests.node_agent.test_sidecar import env, make, metric, until  # noqa: F401 (fixture)
 
 TOKS = list(range(5, 45))
