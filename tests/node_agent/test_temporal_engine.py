@@ -206,3 +206,32 @@ def test_the_sidecar_reloads_the_session_at_reload_at_and_its_next_request_hits(
     assert policy.temporal.reloads["in_time"] == 1
     assert policy.temporal.forecast.observed == observed + 1
     assert policy.temporal.forecast.predict(LONG_TOOL) == pytest.approx(100.0)
+
+
+def test_a_controller_error_is_counted_and_that_decision_stays_stock(temporal):
+    engine, policy, drv, clock = temporal
+    teach(engine, policy, clock, LONG_TOOL, 100.0, seed=50)
+    assert engine.llm.reset_prefix_cache()
+    drv.view.bytes_per_block = -1  # an engine whose KV cache config could not be read
+    errors0, ok0 = vllm_block_pool.STATS.errors, policy.temporal.offloads["ok"]
+    clock.t += 1.0
+    run(engine, "s-1", tokens(2, PROMPT_BLOCKS * BS + 5), "s", tool=LONG_TOOL)
+    assert vllm_block_pool.STATS.errors == errors0 + 1
+    assert policy.temporal.offloads["ok"] == ok0 and policy.temporal.pending() == []
+    assert not policy.demoted  # no demotion: stock order for this decision
+    clock.t += 1.0  # the engine keeps serving, and the session's next turn hits
+    assert run(engine, "s-2", tokens(2, PROMPT_BLOCKS * BS + 5) + tokens(9, 40), "s") == (
+        PROMPT_BLOCKS * BS)
+
+
+def test_the_plugins_policy_factory_builds_the_temporal_wrapper(engine, monkeypatch):
+    monkeypatch.setitem(vllm_block_pool._config, "policy", "lru")
+    monkeypatch.setitem(vllm_block_pool._config, "params", None)
+    monkeypatch.setenv("ANCHORAGE_TIERING", "spatial,temporal")
+    monkeypatch.delenv("ANCHORAGE_HOST_BYTES", raising=False)
+    with pytest.raises(ValueError, match="needs ANCHORAGE_HOST_BYTES"):
+        vllm_block_pool._make_configured_policy(engine.pool)  # _init: one warning, stock
+    monkeypatch.setenv("ANCHORAGE_HOST_BYTES", str(8 << 30))
+    p = vllm_block_pool._make_configured_policy(engine.pool)
+    assert isinstance(p, TemporalTiering) and p.spatial
+    assert p.temporal.params.host_bytes == 8 << 30
