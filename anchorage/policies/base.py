@@ -4,6 +4,9 @@ The pool owns the mechanics (reference counts, hashes, the uncached part of the 
 queue); a policy owns one decision: the order in which *cached free* blocks are evicted.
 The pool tells the policy what happens, in batches, with the request's context:
 
+- ``on_queued(ctx)``: optional: a request is waiting for admission (the engine queued
+  it; nothing touched). Its cached prefix will be hit at admission if it survives until
+  then. Default: nothing (stock vLLM order does not know about waiting requests).
 - ``on_request(ctx)``: a request arrived (its block keys are known; nothing touched yet).
 - ``on_hit(ctx, blocks, were_free)``: the request hit ``blocks`` (in chain order);
   ``were_free`` are the ones that were evictable and no longer are.
@@ -65,6 +68,9 @@ class EvictionPolicy:
 
     def attach(self, pool: "BlockPool") -> None:
         self.pool = pool
+
+    def on_queued(self, ctx: RequestContext) -> None:
+        pass
 
     def on_request(self, ctx: RequestContext) -> None:
         pass

@@ -198,7 +198,7 @@ class Signals:
 
 class Group:
     __slots__ = ("kind", "key", "sess", "agent", "free", "n", "ver", "K", "mult", "add",
-                 "orph")
+                 "orph", "hold")
 
     def __init__(self, kind: int, key: Hashable, sess: "Session | None",
                  agent: "Agent | None"):
@@ -214,6 +214,7 @@ class Group:
         self.mult = 1.0               # recency score: K = epoch + mult * age + add
         self.add = 0.0
         self.orph: Hashable = None  # the last request that orphaned this thread's blocks
+        self.hold = 0  # queued requests that will hit this group at admission
 
 
 class Session:
@@ -325,6 +326,8 @@ class GroupEvictionPolicy(EvictionPolicy):
         # simulator free a preempted request's blocks) and is not a new turn to learn from
         self._done: OrderedDict[Hashable, None] = OrderedDict()
         self._cur: tuple | None = None  # the last request seen by on_request (observers)
+        # queued requests (on_queued, not yet admitted) -> the groups they hold
+        self._queued: dict[Hashable, tuple[Group, ...]] = {}
         self._touched: dict[int, Group] = {}
         self._capacity = 1
         self._gap_median: float | None = None
@@ -336,7 +339,37 @@ class GroupEvictionPolicy(EvictionPolicy):
 
     # -- request notifications ------------------------------------------------------------
 
+    def on_queued(self, ctx: RequestContext) -> None:
+        """A request waits for admission: learn from it now (its arrival is the end of
+        the session's gap) and hold the groups its prompt will hit (its agent's anchor
+        and its session's thread with that agent) until it is admitted."""
+        self.on_request(ctx)
+        rid = ctx.request_id
+        cur = self._cur
+        if rid is None or cur is None or rid in self._queued:
+            return
+        sess, agent, _ = cur
+        held = [self._group(sess, THREAD, agent)]
+        if agent is not None:
+            held.append(self._anchor_group(agent))
+        touched = self._touched
+        for g in held:
+            g.hold += 1
+            touched[id(g)] = g
+        self._queued[rid] = tuple(held)
+        while len(self._queued) > MAX_LIVE_REQUESTS:
+            self._release(next(iter(self._queued)))
+
+    def _release(self, rid: Hashable) -> None:
+        touched = self._touched
+        for g in self._queued.pop(rid):
+            g.hold -= 1
+            touched[id(g)] = g
+
     def on_request(self, ctx: RequestContext) -> None:
+        rid = ctx.request_id
+        if rid is not None and rid in self._queued:
+            self._release(rid)  # admitted now: its hits stop being free
         now = ctx.now_s
         if now > self._now:
             self._now = now
@@ -551,6 +584,8 @@ class GroupEvictionPolicy(EvictionPolicy):
 
     def on_request_done(self, ctx: RequestContext) -> None:
         rid = ctx.request_id
+        if rid is not None and rid in self._queued:
+            self._release(rid)
         cur = self._reqs.pop(rid, None) if rid is not None else None
         if rid is not None:
             self._done[rid] = None
@@ -709,6 +744,10 @@ class GroupEvictionPolicy(EvictionPolicy):
 
     def _score(self, g: Group, now: float) -> None:
         """Set ``g.K`` = predicted absolute next-use time, or None (recency)."""
+        if g.hold > 0:  # a queued request hits it at admission: needed before anything
+            g.K = -INF
+            g.mult, g.add = 1.0, 0.0
+            return
         sig = self.sig
         kind = g.kind
         T = None

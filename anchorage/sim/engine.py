@@ -19,6 +19,9 @@ and ``waiting`` (FCFS). Each engine step is planned by ``plan_step(now)``:
    little earlier). Admission stops at the first request that does not fit (no
    head-of-line skipping, as in vLLM).
 
+A request is announced to the pool's policy when it is queued (``on_queued``, at its
+arrival time), before admission touches anything.
+
 The step's duration comes from ``anchorage.sim.costmodel.step_time_s``. When it ends
 (``finish_step``), prefilling requests advance by their chunk; a request whose prefill is
 complete samples a token (its first token: TTFT), decoding requests sample one token each;
@@ -160,6 +163,8 @@ class Replica:
     def enqueue(self, req: SimRequest) -> None:
         req.replica = self.index
         self.waiting.append(req)
+        req.ctx.now_s = req.arrival_s
+        self.pool.policy.on_queued(req.ctx)
         if self.tiering is not None:
             self.tiering.on_arrival(req)
 
