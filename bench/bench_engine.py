@@ -170,6 +170,70 @@ def multi_agent(llm, modes: Modes, policies: list[str], args) -> dict:
     return out
 
 
+def in_flight_breakdown(args, ks: list[int]) -> dict:
+    """Where requests in flight take hybrid's gain (timed simulator only: ``SimEngine``
+    through the bench's closed loop, cpu-tiny's clock, the pool of ``--blocks``). For each
+    k in flight and policy: the hit rate split into hits on blocks a running request
+    holds (``in_use``: no eviction decision was involved) and hits on cached free blocks
+    (``free``: what the policy kept), each for blocks that several sessions use (``shared``:
+    agents' anchors) or one session (``own``: its thread); and, at each admission, the
+    mean blocks held by running requests and the mean cached free blocks. The scheduler
+    limits are the bench engine's (``--max-num-seqs``, 4096 batched tokens)."""
+    from collections import defaultdict
+
+    from anchorage.node_agent import engine_replay
+    from anchorage.sim.profiles import PROFILES
+
+    recs = workload(args)
+    users: dict = defaultdict(set)
+    for r in recs:
+        for h in r.hash_ids:
+            users[h].add(r.session_id)
+    total = sum(len(r.hash_ids) for r in recs)
+    cap = args.blocks - 1
+    profile = PROFILES["cpu-tiny"].with_(capacity_blocks_override=cap,
+                                         max_num_seqs=args.max_num_seqs,
+                                         max_num_batched_tokens=4096, block_size=BS)
+    out: dict = {"blocks": args.blocks, "prompt_blocks": total, "rows": []}
+    for k in ks:
+        for name in ("lru", args.policy):
+            eng = engine_replay.SimEngine(recs, cap, name, profile)
+            pol, pool = eng.policy, eng.pool
+            hits: dict = defaultdict(int)
+            held, cached_free, admissions = [0], [0], [0]
+            on_hit, allocate = pol.on_hit, pool.allocate
+
+            def counted_hit(ctx, blocks, were_free, on_hit=on_hit, hits=hits, pool=pool):
+                free = set(were_free)
+                for b in blocks:
+                    kind = "shared" if len(users[pool.block_key[b]]) > 1 else "own"
+                    hits[f"{kind}_{'free' if b in free else 'in_use'}"] += 1
+                return on_hit(ctx, blocks, were_free)
+
+            def counted_allocate(ctx, n=None, allocate=allocate, pool=pool):
+                admissions[0] += 1
+                held[0] += pool.capacity_blocks - pool.num_free_blocks
+                cached_free[0] += pool.num_cached_free_blocks
+                return allocate(ctx, n)
+
+            pol.on_hit, pool.allocate = counted_hit, counted_allocate  # this run only
+            run = engine_replay.closed_loop(eng, recs, BS, time_compression=args.compression,
+                                            max_sessions=args.max_sessions,
+                                            max_in_flight=k, clock="model")
+            n = max(1, admissions[0])
+            row = {"in_flight": k, "policy": name, "hit_rate": run.hit_rate,
+                   **{f"hit_{key}": hits[key] / total
+                      for key in ("shared_free", "shared_in_use", "own_free", "own_in_use")},
+                   "held_blocks_mean": held[0] / n, "cached_free_blocks_mean": cached_free[0] / n}
+            out["rows"].append(row)
+            print(f"  k={k} {name:>7}: hit {100 * row['hit_rate']:.1f} % = shared "
+                  f"{100 * row['hit_shared_free']:.1f} free + {100 * row['hit_shared_in_use']:.1f}"
+                  f" in use, own {100 * row['hit_own_free']:.1f} free + "
+                  f"{100 * row['hit_own_in_use']:.1f} in use; held {row['held_blocks_mean']:.0f}"
+                  f", cached free {row['cached_free_blocks_mean']:.0f} blocks", flush=True)
+    return out
+
+
 def git_state() -> dict:
     """The commit measured, and the files of the code under test that differ from it."""
     import subprocess
@@ -212,10 +276,31 @@ def main(argv=None) -> int:
                    help="(b)'s clock: the process's CPU time (default: a shared machine) "
                         "or the wall clock")
     p.add_argument("--skip", choices=["throughput", "workload"], default=None)
+    p.add_argument("--explain-in-flight", default=None, metavar="K,K,...",
+                   help="only the timed simulator's breakdown of hits per k in flight "
+                        "(no engine): where requests in flight take the policy's gain")
     p.add_argument("--out", default="bench/results/engine.json")
     args = p.parse_args(argv)
     if args.max_prompt + args.max_output > args.max_model_len:
         p.error("--max-prompt + --max-output must fit --max-model-len")
+
+    if args.explain_in_flight is not None:
+        try:
+            ks = [int(k) for k in args.explain_in_flight.split(",")]
+        except ValueError:
+            p.error(f"--explain-in-flight takes integers like 1,2,3, got "
+                    f"{args.explain_in_flight!r}")
+        if not ks or min(ks) < 1:
+            p.error("--explain-in-flight: each k must be >= 1")
+        print(f"in-flight breakdown (timed simulator): {args.topology}, {args.agents} agents, "
+              f"{args.sessions} sessions, seed {args.seed}, {args.blocks} blocks", flush=True)
+        res = {"bench": "engine_in_flight_breakdown", "args": vars(args), "git": git_state(),
+               "breakdown": in_flight_breakdown(args, ks)}
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(res, indent=1) + "\n")
+        print(f"wrote {out}")
+        return 0
 
     import vllm
     from anchorage.node_agent import vllm_block_pool as vbp
