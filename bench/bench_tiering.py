@@ -126,10 +126,12 @@ def one_run(job: dict) -> dict:
         return {**job, "error": f"{type(exc).__name__}: {exc}"}
     res.pop("per_replica", None)
     keep = ("session_time_mean_s", "session_time_p90_s", "latency_mean_s", "ttft_mean_s",
+            "queue_mean_s",
             "hit_rate", "host_hit_rate", "recomputed_tokens", "preemptions", "requests",
             "rejected", "throughput_rps", "makespan_s", "offloads", "offload_blocks",
             "reloads", "reload_blocks", "demand_reloads", "offload_bytes", "reload_bytes",
-            "bytes_moved", "outcomes", "gate", "reserved_blocks", "capacity_blocks")
+            "bytes_moved", "outcomes", "gate", "actions", "reserved_blocks", "capacity_blocks",
+            "host_hit_blocks", "prompt_blocks", "hit_blocks")
     return {**job, **{k: res.get(k) for k in keep},
             "wall_s": time.perf_counter() - t0}
 

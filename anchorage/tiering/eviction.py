@@ -1,22 +1,35 @@
-"""The eviction order with tiering: blocks copied to host memory go first, reserved blocks
-of critical agents go last. Wraps any eviction policy (``hybrid`` by default).
+"""The eviction order with tiering: blocks copied to host memory go first, blocks of short
+stalls and reserved blocks of critical agents go last. Wraps any eviction policy
+(``hybrid`` by default).
 
 Specification
 -------------
-Every cached free block is in exactly one of three places:
+Every cached free block is in exactly one of four places:
 
 - ``demoted``: blocks whose content is in host memory (an offloaded stalled session):
-  evicted first, in the order they were demoted (early eviction, TokenCake's offload:
-  losing them costs a reload, not a recomputation);
+  evicted first (early eviction, TokenCake's offload: losing them costs a reload, not a
+  recomputation), the furthest predicted reuse first (``demote(blocks, reuse_s)``: when
+  the session is expected back; ties, and the default ``inf``, in the order demoted);
 - ``protected[a]``: up to ``reservation[a]`` free blocks of critical agent ``a`` (the
   spatial policy's reserved pool): evicted only when nothing else is evictable, least
   recently freed first, so other agents cannot take them;
+- ``held``: blocks of a session in a short stall (the gate's ``stall_short``: it is back
+  before a round trip to host memory would complete), kept on GPU until ``until_s``
+  (``hold(blocks, until_s)``), as TokenCake's non-offloaded agents keep their memory:
+  evicted after the wrapped policy's blocks, the earliest deadline first;
+  ``release(now)`` hands the blocks whose deadline passed back to the wrapped policy
+  (as freed at ``now``);
 - the wrapped policy: everything else, in the wrapped policy's order.
 
-``on_freed``: a block of an agent with reserved room goes to ``protected`` (up to its
-share), else to the wrapped policy. ``set_reservation`` moves protected blocks above a
-shrunken share back to the wrapped policy. ``demote(blocks)`` moves cached free blocks
-(from wherever they are) to ``demoted``. A hit removes a block from its place. The
+``on_freed``: a block of an agent with reserved room goes to ``protected``; a full share
+hands its oldest block to the wrapped policy, so the reserve holds the agent's most
+recently freed blocks (up to its share; of a chain freed tail first, its head); other
+blocks go to the wrapped policy. ``set_reservation`` moves protected blocks above a
+shrunken share back to the wrapped policy. ``demote(blocks, reuse_s)`` moves cached free
+blocks (from wherever they are) to ``demoted``; demoting a demoted block again re-keys
+it. ``hold`` likewise moves blocks from the wrapped policy, the reserve or ``demoted``
+(holding a held block extends its deadline). Victims: ``demoted``, then the wrapped
+policy, then ``held``, then ``protected``. A hit removes a block from its place. The
 wrapped policy sees every notification for the blocks it holds, and a block leaving it
 out of order is reported as a hit with no request (``on_hit`` with a request id of
 None), which the policies here treat as "no longer free" and learn nothing from.
@@ -25,6 +38,8 @@ None), which the policies here treat as "no longer free" and learn nothing from.
 
 from __future__ import annotations
 
+import heapq
+import math
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
 
@@ -38,12 +53,17 @@ class TieredEviction(EvictionPolicy):
         self.inner = inner
         self.name = inner.name
         self.agent_of = agent_of
-        self.demoted: OrderedDict[int, None] = OrderedDict()
+        self.demoted: dict[int, int] = {}      # block -> sequence number of its heap entry
+        self._dheap: list[tuple[float, int, int]] = []  # (-reuse_s, seq, block), lazy
         self.protected: dict[Hashable, OrderedDict[int, None]] = {}
         self.reservation: dict[Hashable, int] = {}
         self._where: dict[int, Hashable] = {}   # protected block -> agent
+        self.held: dict[int, int] = {}         # block -> sequence number of its heap entry
+        self._hheap: list[tuple[float, int, int]] = []  # (until_s, seq, block), lazy
+        self._seq = 0
         self.demoted_evictions = 0
         self.protected_evictions = 0
+        self.held_evictions = 0
 
     def __getattr__(self, name):  # anchor_labels, turnover_s, ... of the wrapped policy
         if name == "inner":
@@ -62,9 +82,12 @@ class TieredEviction(EvictionPolicy):
     def on_hit(self, ctx: RequestContext, blocks: list[int], were_free: list[int]) -> None:
         inner_free = []
         dem, where = self.demoted, self._where
+        held = self.held
         for b in were_free:
             if b in dem:
                 del dem[b]
+            elif b in held:
+                del held[b]
             elif b in where:
                 del self.protected[where.pop(b)][b]
             else:
@@ -81,13 +104,16 @@ class TieredEviction(EvictionPolicy):
             room = res.get(a, 0)
             if room:
                 q = self.protected.setdefault(a, OrderedDict())
-                rest = []
-                for b in blocks:
-                    if len(q) < room:
-                        q[b] = None
-                        self._where[b] = a
-                    else:
-                        rest.append(b)
+                where = self._where
+                keep = blocks[-room:]  # freed tail first: the chain's head, newest
+                rest = list(blocks[:len(blocks) - len(keep)])
+                for b in keep:
+                    if len(q) >= room:  # the reserve keeps the agent's newest blocks
+                        old = q.popitem(last=False)[0]
+                        del where[old]
+                        rest.append(old)
+                    q[b] = None
+                    where[b] = a
                 blocks = rest
         if blocks:
             self.inner.on_freed(ctx, blocks)
@@ -100,26 +126,89 @@ class TieredEviction(EvictionPolicy):
 
     # -- tiering --------------------------------------------------------------------------
 
-    def demote(self, blocks: Iterable[int]) -> int:
-        """Move cached free blocks to the front of the eviction order; returns how many."""
+    def demote(self, blocks: Iterable[int], reuse_s: float = math.inf) -> int:
+        """Move cached free blocks to the front of the eviction order, the furthest
+        predicted reuse first (``reuse_s``); returns how many."""
         ref, bkey = self.pool.ref_cnt, self.pool.block_key
-        dem, where = self.demoted, self._where
+        dem, where, heap = self.demoted, self._where, self._dheap
         from_inner = []
         n = 0
         for b in blocks:
-            if ref[b] != 0 or bkey[b] is None or b in dem:
+            if ref[b] != 0 or bkey[b] is None:
                 continue
-            if b in where:
+            if b in dem:
+                pass
+            elif b in self.held:
+                del self.held[b]
+            elif b in where:
                 del self.protected[where.pop(b)][b]
             else:
                 from_inner.append(b)
-            dem[b] = None
+            self._seq += 1
+            dem[b] = self._seq
+            heapq.heappush(heap, (-reuse_s, self._seq, b))
             n += 1
+        if len(heap) > 2 * len(dem) + 1024:  # drop entries of blocks hit or re-keyed
+            self._dheap = heap = [e for e in heap if dem.get(e[2]) == e[1]]
+            heapq.heapify(heap)
         if from_inner:
             self.inner.on_hit(_NOBODY, [], from_inner)
             # a request-less "done" lets a lazy policy settle the groups it just emptied
             self.inner.on_request_done(_NOBODY)
         return n
+
+    def hold(self, blocks: Iterable[int], until_s: float) -> int:
+        """Keep cached free blocks on GPU until ``until_s`` (evicted after the wrapped
+        policy's); returns how many."""
+        ref, bkey = self.pool.ref_cnt, self.pool.block_key
+        held, where, heap = self.held, self._where, self._hheap
+        from_inner = []
+        n = 0
+        for b in blocks:
+            if ref[b] != 0 or bkey[b] is None:
+                continue
+            if b in held:
+                pass
+            elif b in self.demoted:
+                del self.demoted[b]
+            elif b in where:
+                del self.protected[where.pop(b)][b]
+            else:
+                from_inner.append(b)
+            self._seq += 1
+            held[b] = self._seq
+            heapq.heappush(heap, (until_s, self._seq, b))
+            n += 1
+        if from_inner:
+            self.inner.on_hit(_NOBODY, [], from_inner)
+            self.inner.on_request_done(_NOBODY)
+        if len(heap) > 2 * len(held) + 1024:
+            self._hheap = heap = [e for e in heap if held.get(e[2]) == e[1]]
+            heapq.heapify(heap)
+        return n
+
+    def release(self, now: float) -> int:
+        """Hand held blocks whose deadline passed back to the wrapped policy."""
+        held, heap = self.held, self._hheap
+        out = []
+        while heap and heap[0][0] <= now:
+            _, seq, b = heapq.heappop(heap)
+            if held.get(b) == seq:
+                del held[b]
+                out.append(b)
+        if out:
+            self.inner.on_freed(RequestContext(request_id=None, keys=(), input_length=0,
+                                               now_s=now, warmup=True), out)
+        return len(out)
+
+    def _pop_held(self) -> int | None:
+        held, heap = self.held, self._hheap
+        while heap:
+            _, seq, b = heapq.heappop(heap)
+            if held.get(b) == seq:
+                del held[b]
+                return b
+        return None
 
     def set_reservation(self, shares: dict[Hashable, int], now: float = 0.0) -> None:
         """New reserved shares per agent; protected blocks above a share are released."""
@@ -141,13 +230,25 @@ class TieredEviction(EvictionPolicy):
 
     # -- victims --------------------------------------------------------------------------
 
+    def _pop_demoted(self) -> int | None:
+        dem, heap = self.demoted, self._dheap
+        while heap:
+            _, seq, b = heapq.heappop(heap)
+            if dem.get(b) == seq:
+                del dem[b]
+                return b
+        return None
+
     def pop_victim(self) -> int | None:
         if self.demoted:
             self.demoted_evictions += 1
-            return self.demoted.popitem(last=False)[0]
+            return self._pop_demoted()
         b = self.inner.pop_victim()
         if b is not None:
             return b
+        if self.held:
+            self.held_evictions += 1
+            return self._pop_held()
         best = None
         for a, q in self.protected.items():
             if q:
@@ -161,13 +262,20 @@ class TieredEviction(EvictionPolicy):
         return b
 
     def eviction_order(self) -> Iterable[int]:
-        out = list(self.demoted) + list(self.inner.eviction_order())
+        dem = self.demoted
+        out = [b for _, seq, b in sorted(self._dheap) if dem.get(b) == seq]
+        out += list(self.inner.eviction_order())
+        held = self.held
+        out += [b for _, seq, b in sorted(self._hheap) if held.get(b) == seq]
         for q in self.protected.values():
             out.extend(q)
         return out
 
     def reset(self) -> None:
         self.demoted.clear()
+        self._dheap.clear()
+        self.held.clear()
+        self._hheap.clear()
         self.protected.clear()
         self._where.clear()
         self.inner.reset()

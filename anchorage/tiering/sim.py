@@ -17,9 +17,17 @@ prompt's full-block keys, agent, pending tool, when its turn ended.
 - Turn end (a request completes; its blocks are now cached and free): if the turn stopped
   for a tool call (the finish reason, which the engine sees; the trace's
   ``tool_name``/``tool_duration_ms`` presence, never the duration), the gate decides
-  (always yes in the naive modes). An offload copies the session's GPU blocks not yet in host
-  memory over the device-to-host link; when it completes the keys are in host memory and
-  the session's GPU blocks still cached are demoted (evicted first).
+  (always yes in the naive modes) on the predicted idle time: the forecaster's stall plus,
+  with ``queue_wait`` (default), the replica's admission wait (EWMA, weight ``wait_ewma``
+  0.2, of arrival-to-admission times of requests admitted for the first time). An offload
+  copies the session's GPU blocks not yet in host memory over the device-to-host link;
+  when it completes the keys are in host memory and the session's GPU blocks still cached
+  are demoted (evicted first, the furthest predicted reuse first: turn end + idle time,
+  re-keyed to arrival + admission wait when the request arrives). A rejected stall gets
+  ``temporal.stall_action``: a hold on GPU (``TieredEviction.hold``, released at every
+  step plan once due), a backup copy (the same copy, no demotion) or nothing; the
+  survival time it uses comes from the pool's evictions (one turnover = ``capacity``
+  evictions, EWMA weight 0.3).
 - Warm-up reload: at the gate's ``reload_at_s`` (checked at every step plan, so its
   resolution is one engine step), the session's keys missing from GPU memory but held in
   host memory are allocated (a request-less allocation, released at once: the blocks are
@@ -36,6 +44,8 @@ prompt's full-block keys, agent, pending tool, when its turn ended.
   running requests plus the incremental demand of the first ``max_waiting_scan`` (32)
   queued requests, over the capacity, capped at 1 (a stalled session's blocks are free,
   cached, in vLLM; what evicts them is the queue's demand).
+- Host room (the gate's ``host_free_blocks``): the capacity minus the distinct keys of
+  sessions copied out and not back yet (a prefix several sessions share counts once).
 - Spatial (``tokencake``, every ``spatial_interval_s``): agent scores from the learned
   transition graph, queueing, usage and active sessions; the reserved pool sized from the
   pressure and split among the critical agents (``TieredEviction.set_reservation``); the
@@ -47,7 +57,9 @@ Reported (``run_tiered``): everything ``run_timed`` reports plus ``tiering`` (mo
 parameters), ``host_hit_rate`` / ``host_hit_blocks`` (prefix blocks served from host
 memory, same requests as ``hit_rate``), ``offloads``, ``reloads`` (warm-up and on
 demand), ``reload_outcomes`` (``in_time``/``late``/``wasted``), ``offload_bytes``,
-``reload_bytes``, ``bytes_moved``, ``gate`` (decisions by reason), ``reserved_blocks``
+``reload_bytes``, ``bytes_moved``, ``gate`` (decisions by reason), ``actions``
+(``offload``, ``backup``, ``hold`` counts; ``offloads`` = offload + backup copies),
+``reserved_blocks``
 (mean and max per agent over spatial updates).
 """
 
@@ -70,7 +82,9 @@ from anchorage.tiering.temporal import (
     GateInput,
     GateParams,
     decide_offload,
+    hold_until_s,
     reload_at_s,
+    stall_action,
 )
 
 MODES = ("off", "naive", "naive-incremental", "temporal", "tokencake")
@@ -86,6 +100,8 @@ class TieringConfig:
     spatial_interval_s: float = 0.5
     default_stall_s: float = 1.0
     max_waiting_scan: int = 32
+    queue_wait: bool = True
+    wait_ewma: float = 0.2
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -104,6 +120,7 @@ class _Session:
     __slots__ = (
         "agent",
         "args",
+        "demote",
         "end_s",
         "keys",
         "last_move_s",
@@ -142,6 +159,7 @@ class _Session:
         self.last_move_s = -math.inf
         self.pinned = 0
         self.offload_n = 0
+        self.demote = True
 
 
 class SimTiering:
@@ -181,7 +199,15 @@ class SimTiering:
         self.reserved_sum: Counter = Counter()
         self.reserved_max: Counter = Counter()
         self.spatial_updates = 0
-        self.pinned = 0  # host blocks of offloaded sessions not yet back (not reclaimable)
+        self.actions: Counter = Counter()  # offload / backup / hold
+        self.rep_now = 0.0
+        self._ev_mark = 0
+        self._ev_t = 0.0
+        self._turn = math.inf
+        # host blocks of offloaded sessions not yet back (not reclaimable), counted once
+        # however many sessions share them (a common system prompt)
+        self.pins: Counter = Counter()
+        self.wait_s = 0.0  # EWMA of admission waits (arrival to admission) on this replica
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -223,17 +249,24 @@ class SimTiering:
             return
         if st.pending:
             st.pending = False
-            self.pinned -= st.pinned
-            st.pinned = 0
+            self._unpin(st)
             if st.tool_stop:
                 self.forecast.observe(now - st.end_s, st.tool, st.args)
             if self.mode == "tokencake" and st.agent is not None:
                 self.trans.observe(st.agent, agent)
+            if (st.offloaded and st.demote and self.cfg.queue_wait
+                    and math.isfinite(st.stall_s) and now >= st.offload_done_s):
+                # back from the tool: its blocks are used at admission, expected in wait_s
+                self._demote(st, now + self.wait_s)
             if st.offloaded and not st.reload_started:
                 self._start_reload(st, now)  # the tool returned early: reload at once
         st.agent = agent
 
     def on_step(self, now: float) -> None:
+        self.rep_now = now
+        self._turnover_s()
+        if self.policy.held:
+            self.policy.release(now)
         d2h = self._d2h
         while d2h and d2h[0][0] <= now:
             _, _, st = heapq.heappop(d2h)
@@ -265,6 +298,9 @@ class SimTiering:
         """(warm-up blocks hit, blocks reloaded now, when the request may run)."""
         ready = 0.0
         warm = 0
+        if req.preemptions == 0:
+            w = self.cfg.wait_ewma
+            self.wait_s = (1 - w) * self.wait_s + w * max(0.0, now - req.arrival_s)
         st = self.sessions.get(req.session) if req.session is not None else None
         if st is not None and st.reload_done_s is not None:
             warm = max(0, min(alloc.hit_blocks, st.reload_hi) - st.reload_lo)
@@ -322,6 +358,8 @@ class SimTiering:
             self._offload(st, n_gpu, n_new, now, stall_s=math.inf)
             return
         stall = self.forecast.predict(st.tool, st.args)
+        if self.cfg.queue_wait:
+            stall += self.wait_s
         d2h, h2d = self.host.d2h, self.host.h2d
         pool = self.pool
         waiting = [(max(0, pool.blocks_needed(r.prefill_target)
@@ -334,27 +372,59 @@ class SimTiering:
             stall_s=stall,
             offload_s=max(0.0, d2h.busy_until - now) + d2h.duration(n_new * self.bb),
             reload_s=h2d.duration(n_gpu * self.bb), gpu_usage=pressure,
-            host_free_blocks=self.host.capacity_blocks - self.pinned, offload_blocks=n_new,
+            host_free_blocks=self.host.capacity_blocks - len(self.pins), offload_blocks=n_new,
             freed_blocks=n_gpu,
             free_blocks=pool.num_free_blocks - pool.num_cached_free_blocks,
             waiting=waiting, tokens_per_s=self.tokens_per_s,
             since_move_s=now - st.last_move_s, criticality=crit)
         dec = decide_offload(inp, self.cfg.gate)
         self.gate[dec.reason] += 1
-        if dec.offload:
-            self._offload(st, n_gpu, n_new, now, stall_s=stall, reload_s=inp.reload_s)
+        act = stall_action(dec, stall, self._survival_s(), self.cfg.gate)
+        if act == "offload" or act == "backup":
+            self.actions[act] += 1
+            self._offload(st, n_gpu, n_new, now, stall_s=stall, reload_s=inp.reload_s,
+                          demote=act == "offload")
+        elif act == "hold":
+            blocks = self._free_blocks(st)
+            if blocks:
+                self.actions[act] += 1
+                self.policy.hold(reversed(blocks), hold_until_s(now, stall, self.cfg.gate))
 
     # -- transfers ------------------------------------------------------------------------
 
+    def _turnover_s(self) -> float:
+        """Measured time for the pool to evict ``capacity`` blocks (EWMA), inf before."""
+        ev = self.pool.stats.evictions
+        cap = self.pool.capacity_blocks
+        now = self.rep_now
+        while ev - self._ev_mark >= cap:
+            self._ev_mark += cap
+            dt = now - self._ev_t
+            self._ev_t = now
+            self._turn = dt if self._turn == math.inf else 0.7 * self._turn + 0.3 * dt
+        return self._turn
+
+    def _survival_s(self) -> float:
+        """How long a block freed now stays cached: the cached free blocks ahead of it
+        over the eviction rate (capacity / turnover); inf before the first turnover."""
+        turn = self._turnover_s()
+        if turn == math.inf:
+            return math.inf
+        return turn * self.pool.num_cached_free_blocks / self.pool.capacity_blocks
+
     def _offload(self, st: _Session, n_gpu: int, n_new: int, now: float, *,
-                 stall_s: float, reload_s: float = 0.0) -> None:
+                 stall_s: float, reload_s: float = 0.0, demote: bool = True) -> None:
         done = self.host.d2h.schedule(now, n_new * self.bb) if n_new else now
         self.offloads += 1
         self.offload_blocks += n_new
         st.offloaded = True
+        st.demote = demote
         st.offload_n = n_gpu
+        self._unpin(st)
         st.pinned = n_gpu
-        self.pinned += st.pinned
+        pins = self.pins
+        for k in st.keys[:n_gpu]:
+            pins[k] += 1
         st.offload_done_s = done
         st.last_move_s = now
         st.stall_s = stall_s
@@ -367,10 +437,13 @@ class SimTiering:
 
     def _offload_done(self, st: _Session) -> None:
         self.host.store(st.keys[:st.offload_n])  # what was on GPU when it was decided
-        if not st.pending:
-            return  # already back: its blocks are in use again
-        pool = self.pool
-        get, ref = pool.get_cached_block, pool.ref_cnt
+        if not st.pending or not st.demote:
+            return  # already back (its blocks are in use again), or a backup copy
+        self._demote(st, st.end_s + st.stall_s)
+
+    def _free_blocks(self, st: _Session) -> list[int]:
+        """The session's cached GPU blocks that are free (its prefix chain, in order)."""
+        get, ref = self.pool.get_cached_block, self.pool.ref_cnt
         blocks = []
         for k in st.keys:
             b = get(k)
@@ -378,8 +451,22 @@ class SimTiering:
                 break
             if ref[b] == 0:
                 blocks.append(b)
+        return blocks
+
+    def _demote(self, st: _Session, reuse_s: float) -> None:
+        blocks = self._free_blocks(st)
         if blocks:
-            self.policy.demote(reversed(blocks))  # a chain's tail first, as vLLM frees
+            # a chain's tail first, as vLLM frees
+            self.policy.demote(reversed(blocks), reuse_s)
+
+    def _unpin(self, st: _Session) -> None:
+        pins = self.pins
+        for k in st.keys[:st.pinned]:
+            if pins[k] <= 1:
+                del pins[k]
+            else:
+                pins[k] -= 1
+        st.pinned = 0
 
     def _start_reload(self, st: _Session, now: float) -> None:
         st.reload_started = True
@@ -460,6 +547,7 @@ class SimTiering:
             "offload_bytes": self.host.d2h.bytes, "reload_bytes": self.host.h2d.bytes,
             "outcomes": dict(self.outcomes), "gate": dict(self.gate),
             "demoted_evictions": self.policy.demoted_evictions,
+            "actions": dict(self.actions), "held_evictions": self.policy.held_evictions,
             "protected_evictions": self.policy.protected_evictions,
         }
 

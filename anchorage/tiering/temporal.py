@@ -4,7 +4,10 @@ only when it pays, and reload it just before the session comes back. Pure functi
 Specification
 -------------
 Inputs at the end of a turn that stopped for a tool call (``GateInput``):
-``stall_s`` (predicted stall: E[tau | tau > elapsed] from the stall forecaster),
+``stall_s`` (the predicted idle time of the session's KV: the tool's stall,
+E[tau | tau > elapsed] from the stall forecaster, plus the expected wait for admission
+once it is back, measured; under vLLM a returned request's prefix blocks stay free and
+evictable until it is admitted, so the stall the cache sees lasts until admission),
 ``offload_s`` / ``reload_s`` (transfer times of the session's blocks, host link idle),
 ``gpu_usage`` (fraction of GPU blocks held by running requests, vLLM's KV usage),
 ``host_free_blocks``, ``offload_blocks`` (blocks to copy out: the session's GPU blocks
@@ -37,6 +40,25 @@ threshold`` (default 0.5), else the reason is ``low_score``. Emergency exception
 ``gpu_usage >= emergency_usage`` (0.98) and ``window_s / stall_s >= 0.8`` a critical agent
 is offloaded anyway.
 
+What happens to the session's blocks (``stall_action(decision, idle_s, survival_s)``).
+In TokenCake a stalled agent that is not offloaded keeps its GPU memory; under vLLM's
+prefix cache its blocks are free and the eviction policy drops them under pressure, so
+each rejection is handled explicitly:
+
+- ``offload`` (the gate accepts): copy the blocks host memory lacks, then evict them
+  first (the furthest predicted reuse first), and reload them just in time;
+- ``hold`` (``stall_short``: back before a round trip completes): the blocks stay on GPU,
+  evicted only after every other unprotected block, until ``hold_until_s = end_s +
+  stall_s + max(min_hold_s, hold_margin x stall_s)`` (defaults 0.05 s, 0.5);
+- ``backup`` (``low_pressure``, ``no_fit``, ``churn``, ``low_score``: offloading would
+  not help now, but the blocks are not kept either): when the idle time exceeds
+  ``backup_ratio x survival_s`` (default ratio 0: whenever the cache evicts at all), copy
+  the blocks host memory lacks and leave them in the eviction policy's order: if they are
+  evicted, the return reloads them instead of recomputing; ``survival_s`` is how long a
+  block freed now stays cached (cached free blocks x measured turnover time / capacity;
+  ``inf`` before the cache has turned over once: then nothing is backed up);
+- ``keep`` (``host_full``, or a backup not worth it): nothing.
+
 Reload timing (the warm-up): a reload starts at ``reload_at_s = end_s + stall_s -
 reload_s - lead_s`` (default lead 10 % of the stall, at least 5 ms), not before the
 offload completes; a tool that returns before then triggers an immediate reload.
@@ -65,12 +87,17 @@ class GateParams:
     lead_frac: float = 0.1
     min_lead_s: float = 0.005
     count_reload: bool = True
+    hold_margin: float = 0.5
+    min_hold_s: float = 0.05
+    backup_ratio: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.watermark <= 1:
             raise ValueError("watermark must be in [0, 1]")
-        if self.churn_s < 0 or self.lead_frac < 0 or self.min_lead_s < 0:
-            raise ValueError("churn_s, lead_frac and min_lead_s must be >= 0")
+        if min(self.churn_s, self.lead_frac, self.min_lead_s, self.hold_margin,
+               self.min_hold_s, self.backup_ratio) < 0:
+            raise ValueError("churn_s, lead_frac, min_lead_s, hold_margin, min_hold_s and "
+                             "backup_ratio must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -136,6 +163,26 @@ def reload_at_s(end_s: float, stall_s: float, reload_s: float, offload_done_s: f
     plus a lead, never before the offload completed."""
     lead = max(p.min_lead_s, p.lead_frac * stall_s)
     return max(offload_done_s, end_s + stall_s - reload_s - lead)
+
+
+def stall_action(dec: Decision, idle_s: float, survival_s: float,
+                 p: GateParams = GateParams()) -> str:
+    """What happens to a stalled session's GPU blocks after the gate's decision ``dec``:
+    ``offload``, ``hold``, ``backup`` or ``keep`` (the module's specification)."""
+    if dec.offload:
+        return "offload"
+    if dec.reason == "stall_short":
+        return "hold"
+    if (dec.reason != "host_full" and math.isfinite(survival_s)
+            and idle_s > p.backup_ratio * survival_s):
+        return "backup"
+    return "keep"
+
+
+def hold_until_s(end_s: float, stall_s: float, p: GateParams = GateParams()) -> float:
+    """Until when a short stall's blocks stay protected on GPU: the predicted return plus
+    a margin (``hold_margin`` of the stall, at least ``min_hold_s``)."""
+    return end_s + stall_s + max(p.min_hold_s, p.hold_margin * stall_s)
 
 
 def reload_outcome(reload_done_s: float | None, needed_s: float | None) -> str:

@@ -69,3 +69,77 @@ def test_protected_blocks_go_when_nothing_else_is_left():
     run(pool, ctx(2, ["o1", "o2", "o3"], "other", 1.0))  # must evict protected blocks
     pool.check_invariants()
     assert pol.protected_evictions >= 2
+
+
+def blocks_of(pool, keys):
+    return [pool.get_cached_block(k) for k in keys]
+
+
+def test_demoted_blocks_go_furthest_predicted_reuse_first():
+    pool, pol = pool_with("lru", cap=12)
+    run(pool, ctx(1, ["a1", "a2"], "x", 0.0))
+    run(pool, ctx(2, ["b1", "b2"], "y", 1.0))
+    run(pool, ctx(3, ["c1", "c2"], "z", 2.0))
+    a, b, c = (blocks_of(pool, [p + "1", p + "2"]) for p in "abc")
+    assert pol.demote(reversed(a), reuse_s=50.0) == 2
+    assert pol.demote(reversed(b), reuse_s=90.0) == 2
+    assert pol.demote(reversed(c), reuse_s=10.0) == 2
+    pool.check_invariants()
+    # b is back last, so it goes first; within a chain the tail goes first
+    assert list(pol.eviction_order())[:6] == b[::-1] + a[::-1] + c[::-1]
+    # re-keying: c's request is now expected later than everyone
+    pol.demote(reversed(c), reuse_s=200.0)
+    assert list(pol.eviction_order())[:2] == c[::-1]
+    run(pool, ctx(4, ["n1", "n2", "n3", "n4", "n5", "n6", "n7", "n8"], "w", 3.0))
+    pool.check_invariants()
+    assert all(pool.get_cached_block(k) is None for k in ["c1", "c2"])
+    assert pool.get_cached_block("b1") is not None
+
+
+def test_held_blocks_outlive_the_wrapped_policy_until_released():
+    pool, pol = pool_with("lru", cap=8)
+    run(pool, ctx(1, ["h1", "h2", "h3"], "x", 0.0))   # a short stall: held
+    run(pool, ctx(2, ["o1", "o2", "o3"], "y", 1.0))
+    held = blocks_of(pool, ["h1", "h2", "h3"])
+    assert pol.hold(reversed(held), until_s=5.0) == 3
+    pool.check_invariants()
+    # LRU would evict h first; held blocks go after the wrapped policy's
+    assert set(list(pol.eviction_order())[-3:]) == set(held)
+    run(pool, ctx(3, ["n1", "n2", "n3", "n4"], "z", 2.0))  # 2 uncached + 2 evicted
+    pool.check_invariants()
+    assert all(pool.get_cached_block(k) is not None for k in ["h1", "h2", "h3"])
+    assert pool.get_cached_block("o1") is None
+    assert pol.release(4.9) == 0
+    # past the deadline they are ordinary blocks again (freed at 5 s: LRU's newest)
+    assert pol.release(5.0) == 3 and not pol.held
+    pool.check_invariants()
+    assert set(pol.eviction_order()) >= set(held)
+    # a hit takes a held block out, the rest are still evicted last
+    pool2, pol2 = pool_with("lru", cap=8)
+    run(pool2, ctx(1, ["h1", "h2"], "x", 0.0))
+    pol2.hold(reversed(blocks_of(pool2, ["h1", "h2"])), until_s=9.0)
+    run(pool2, ctx(2, ["h1", "h2", "h3"], "x", 1.0))
+    pool2.check_invariants()
+    assert not pol2.held
+
+
+def test_held_blocks_are_evicted_when_nothing_else_is_left():
+    pool, pol = pool_with("lru", cap=4)
+    run(pool, ctx(1, ["h1", "h2", "h3"], "x", 0.0))
+    pol.hold(blocks_of(pool, ["h1", "h2", "h3"]), until_s=100.0)
+    run(pool, ctx(2, ["o1", "o2", "o3"], "y", 1.0))  # 4 blocks: 1 uncached + 3 held
+    pool.check_invariants()
+    assert pol.held_evictions == 3 and not pol.held
+
+
+def test_the_reserve_keeps_the_agents_newest_blocks():
+    pool, pol = pool_with("lru", cap=12)
+    pol.set_reservation({"crit": 2})
+    run(pool, ctx(1, ["k1", "k2", "k3"], "crit", 0.0))
+    # a chain is freed tail first: the share keeps its head (what a prefix hit needs)
+    assert set(pol.protected["crit"]) == set(blocks_of(pool, ["k1", "k2"]))
+    run(pool, ctx(2, ["m1", "m2"], "crit", 1.0))
+    pool.check_invariants()
+    # a newer turn of the agent displaces the older protected blocks
+    assert set(pol.protected["crit"]) == set(blocks_of(pool, ["m1", "m2"]))
+    assert pol.reserved_free() == {"crit": 2}

@@ -59,7 +59,15 @@ def test_host_hits_are_counted_apart_and_tokens_add_up(mode):
     assert r["recomputed_tokens"] < base["recomputed_tokens"]
     if mode == "tokencake":
         assert sum(r["gate"].values()) >= r["offloads"]
-        assert r["gate"].get("ok", 0) + r["gate"].get("emergency", 0) == r["offloads"]
+        act = r["actions"]
+        # gate accepted: offload (copy + early eviction); rejected: a backup copy, a hold
+        # on GPU (short stalls) or nothing
+        assert r["gate"].get("ok", 0) + r["gate"].get("emergency", 0) == act["offload"]
+        assert act["offload"] + act.get("backup", 0) == r["offloads"]
+        assert act.get("hold", 0) <= r["gate"].get("stall_short", 0)
+        rejected = sum(v for k, v in r["gate"].items()
+                       if k in ("low_pressure", "no_fit", "churn", "low_score"))
+        assert 0 < act.get("backup", 0) <= rejected
 
 
 def test_gate_rejects_everything_with_a_full_host_or_no_pressure():
@@ -100,3 +108,19 @@ def test_bad_mode_and_pooled_router():
     recs, ctxs = workload()
     with pytest.raises(ValueError, match="pooled"):
         run_tiered(recs, ctxs, cfg(), "hybrid", "pooled", tiering=TieringConfig())
+
+
+def test_the_admission_wait_counts_in_a_stall():
+    # a session's KV is idle for its tool call and then for its wait in the queue: with
+    # the measured wait counted, fewer stalls are too short for a round trip
+    recs, ctxs = workload()
+    tool_only = run_tiered(recs, ctxs, cfg(), "hybrid", "session",
+                           tiering=TieringConfig(mode="temporal", queue_wait=False))
+    both = run_tiered(recs, ctxs, cfg(), "hybrid", "session",
+                      tiering=TieringConfig(mode="temporal"))
+    assert tool_only["queue_mean_s"] > 0
+    short_a = tool_only["gate"].get("stall_short", 0)
+    short_b = both["gate"].get("stall_short", 0)
+    assert short_b < short_a, (short_a, short_b)
+    # short stalls are held on GPU instead (each hold is a short stall with free blocks)
+    assert 0 < tool_only["actions"].get("hold", 0) <= short_a

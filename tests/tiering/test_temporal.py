@@ -3,12 +3,15 @@ import math
 import pytest
 
 from anchorage.tiering.temporal import (
+    Decision,
     GateInput,
     GateParams,
     decide_offload,
     first_fit,
+    hold_until_s,
     reload_at_s,
     reload_outcome,
+    stall_action,
 )
 
 P = GateParams()
@@ -103,6 +106,10 @@ def test_bad_parameters():
         GateParams(watermark=1.5)
     with pytest.raises(ValueError):
         GateParams(churn_s=-1)
+    with pytest.raises(ValueError, match="hold_margin"):
+        GateParams(hold_margin=-0.1)
+    with pytest.raises(ValueError, match="backup_ratio"):
+        GateParams(backup_ratio=-1)
 
 
 def test_count_reload_off_needs_only_the_copy_out_to_fit():
@@ -110,3 +117,41 @@ def test_count_reload_off_needs_only_the_copy_out_to_fit():
     assert decide_offload(inp, P).reason == "stall_short"
     d = decide_offload(inp, GateParams(count_reload=False))
     assert d.reason != "stall_short" and d.window_s == pytest.approx(0.3)
+
+
+def rejected(reason: str) -> Decision:
+    return Decision(False, reason, 0.0)
+
+
+def test_an_offload_is_an_offload():
+    d = decide_offload(good(), P)
+    assert stall_action(d, 10.0, 1.0, P) == "offload"
+    assert stall_action(d, 10.0, math.inf, P) == "offload"
+
+
+def test_a_short_stall_is_held_on_gpu():
+    # back before a round trip would complete: kept on GPU, as the paper's agents are
+    d = decide_offload(good(stall_s=0.9), P)
+    assert d.reason == "stall_short"
+    assert stall_action(d, 0.9, 0.0, P) == "hold"
+    # until the predicted return plus a margin (half the stall, at least 50 ms)
+    assert hold_until_s(100.0, 0.9, P) == pytest.approx(100.0 + 0.9 + 0.45)
+    assert hold_until_s(100.0, 0.02, P) == pytest.approx(100.0 + 0.02 + 0.05)
+    assert hold_until_s(0.0, 1.0, GateParams(hold_margin=0.0, min_hold_s=0.0)) == 1.0
+
+
+@pytest.mark.parametrize("reason", ["low_pressure", "no_fit", "churn", "low_score"])
+def test_a_rejected_stall_longer_than_the_cache_keeps_it_is_backed_up(reason):
+    # under vLLM's prefix cache a session that is not offloaded is not kept either: when
+    # its idle time exceeds how long a freed block survives, it gets a host copy
+    ratio1 = GateParams(backup_ratio=1.0)
+    assert stall_action(rejected(reason), 30.0, 10.0, ratio1) == "backup"
+    assert stall_action(rejected(reason), 5.0, 10.0, ratio1) == "keep"
+    assert stall_action(rejected(reason), 5.0, 10.0, GateParams(backup_ratio=0.4)) == "backup"
+    # the default (ratio 0): every rejected stall once the cache evicts at all
+    assert stall_action(rejected(reason), 0.1, 1e9, P) == "backup"
+    assert stall_action(rejected(reason), 1e9, math.inf, P) == "keep"  # nothing evicted
+
+
+def test_no_backup_without_host_room():
+    assert stall_action(rejected("host_full"), 1e6, 0.0, P) == "keep"
