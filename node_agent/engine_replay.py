@@ -37,6 +37,7 @@ from typing import Any
 from anchorage.node_agent import request_context
 
 from anchorage.drive.plan import PlanOptions, TokenBlocks, plan
+from anchorage.pool.block_pool import BlockPool
 from anchorage.trace.format import TraceRecord
 
 
@@ -254,7 +255,7 @@ class SimEngine:
         self.ctxs = make_contexts(records)
         bs = profile.block_size
         self.policy = make_policy(policy, block_size=bs, contexts=self.ctxs, params=params)
-        self.pool = _FirstAttemptPool(capacity_blocks, bs, self.policy)
+        self.pool = FirstAttemptPool(capacity_blocks, bs, self.policy)
         self.replica = Replica(0, profile, self.pool)
         self.step_s: float | None = None
         self._rid: dict[int, str] = {}
@@ -286,47 +287,40 @@ class SimEngine:
                 for r, _, _ in plan.items]
 
 
-def _first_attempt_pool():
-    from anchorage.pool.block_pool import BlockPool
+class FirstAttemptPool(BlockPool):
+    """``BlockPool`` whose policy gets ``on_request`` at the first prefix look-up of a
+    submitted request (the scheduler's first admission attempt: ``can_allocate``), once
+    per admission, as the plugin reports it in vLLM; ``on_queued`` is not sent (the
+    plugin does not see vLLM's queue). ``waiting`` holds the submitted contexts not yet
+    looked up (by ``id(ctx.keys)``); ``now`` is the current step's time."""
 
-    class FirstAttemptPool(BlockPool):
-        """``BlockPool`` whose policy gets ``on_request`` at the first prefix look-up of a
-        submitted request (the scheduler's admission attempt), once per admission."""
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.now = 0.0
+        self.waiting: dict[int, Any] = {}
+        told: set[int] = set()  # id(ctx) told on_request, not done yet
+        pol = self.policy
+        on_request, on_done = pol.on_request, pol.on_request_done
 
-        def __init__(self, *args: Any, **kwargs: Any):
-            super().__init__(*args, **kwargs)
-            self.now = 0.0
-            self.waiting: dict[int, Any] = {}  # id(ctx.keys) -> ctx, not yet looked up
-            self._told: set[int] = set()  # id(ctx) told on_request, not yet done
-            pol = self.policy
-            on_request, on_done = pol.on_request, pol.on_request_done
+        def once(ctx: Any) -> None:
+            if id(ctx) not in told:
+                told.add(id(ctx))
+                on_request(ctx)
 
-            def once(ctx: Any) -> None:
-                if id(ctx) not in self._told:
-                    self._told.add(id(ctx))
-                    on_request(ctx)
+        def done(ctx: Any) -> None:
+            told.discard(id(ctx))
+            on_done(ctx)
 
-            def done(ctx: Any) -> None:
-                self._told.discard(id(ctx))
-                on_done(ctx)
+        # this policy instance only
+        pol.on_request, pol.on_request_done = once, done
+        pol.on_queued = lambda ctx: None
 
-            pol.on_request, pol.on_request_done = once, done  # this instance only
-            # the plugin does not report vLLM's queue (Scheduler.add_request is stock):
-            # the replica's on_queued at enqueue stays unheard, as in the engine
-            pol.on_queued = lambda ctx: None
-
-        def num_hit_blocks(self, keys: Any, num_prompt_tokens: int) -> int:
-            ctx = self.waiting.pop(id(keys), None)
-            if ctx is not None:
-                ctx.now_s = self.now
-                self.policy.on_request(ctx)
-            return super().num_hit_blocks(keys, num_prompt_tokens)
-
-    return FirstAttemptPool
-
-
-def _FirstAttemptPool(*args: Any, **kwargs: Any):
-    return _first_attempt_pool()(*args, **kwargs)
+    def num_hit_blocks(self, keys: Any, num_prompt_tokens: int) -> int:
+        ctx = self.waiting.pop(id(keys), None)
+        if ctx is not None:
+            ctx.now_s = self.now
+            self.policy.on_request(ctx)
+        return super().num_hit_blocks(keys, num_prompt_tokens)
 
 
 def closed_loop(llm: Any, records: Sequence[TraceRecord], block_size: int, *,
