@@ -14,12 +14,19 @@ until the last session start).
   peak throughput (the knee); mean TTFT is compared there ("near saturation").
 - Target (issue 3): ``hybrid`` mean TTFT >= 30 % lower and peak throughput >= 20 % higher
   than ``lru``. The table prints the measured ratios for every policy.
+- ``--seeds 1,2,3``: every (seed, N, policy) is run; curves (turns/s and TTFT by N) are
+  averaged over seeds, the knee is taken on lru's mean curve, and the ratios are those of
+  the means; the per-seed ratios at that N (``spread``) show how much one seed (which
+  replica jams) moves them.
+- ``--output-scale s`` multiplies every request's output length (at least 1 token):
+  agentic turns whose output is a short tool call are prefill-heavy.
 
 Usage::
 
     .venv/bin/python bench/bench_timed.py [--quick] [--policies lru,arc,...]
         [--slots 16,32,64,128,256] [--sessions-per-slot 3] [--jobs 2]
-        [--topology selector] [--seed 1] [--out bench/results/timed.json]
+        [--topology selector] [--seeds 1,2,3] [--output-scale 1]
+        [--capacity-blocks 8192] [--out bench/results/timed.json]
 
 Runs are deterministic for a seed; a policy that raises is reported as an error row.
 """
@@ -27,6 +34,7 @@ Runs are deterministic for a seed; a policy that raises is reported as an error 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -48,26 +56,34 @@ DEFAULT_POLICIES = ["lru", "arc", "s3fifo", "lfu", "ttl", "infercept", "cachesco
 _WL: dict = {}
 
 
-def workload(topology: str, sessions: int, seed: int, concurrency: float):
-    key = (topology, sessions, seed, concurrency)
+def workload(topology: str, sessions: int, seed: int, concurrency: float,
+             output_scale: float = 1.0):
+    key = (topology, sessions, seed, concurrency, output_scale)
     if key not in _WL:
         from anchorage.trace.generate import generate
         _, recs = generate(topology, 6, sessions, seed, concurrency=concurrency)
+        if output_scale != 1.0:
+            recs = [dataclasses.replace(
+                r, output_length=max(1, int(round(r.output_length * output_scale))))
+                for r in recs]
         _WL[key] = (recs, make_contexts(recs))
     return _WL[key]
 
 
 def one_run(job: dict) -> dict:
-    recs, ctxs = workload(job["topology"], job["sessions"], job["seed"], job["concurrency"])
+    recs, ctxs = workload(job["topology"], job["sessions"], job["seed"], job["concurrency"],
+                          job.get("output_scale", 1.0))
     cfg = TimedConfig(get_profile(job["profile"]), replicas=job["replicas"], mode="closed",
                       time_scale=1e-3, max_sessions=job["slots"], warmup_frac=0.2,
                       capacity_blocks=job["capacity_blocks"])
     t0 = time.perf_counter()
+    c0 = time.process_time()
     try:
         res = run_timed(recs, ctxs, cfg, job["policy"], job["router"])
     except Exception as exc:  # a policy that crashes is reported, not fatal
         return {**job, "error": f"{type(exc).__name__}: {exc}"}
-    return {**job, **res, "wall_s": time.perf_counter() - t0}
+    return {**job, **res, "wall_s": time.perf_counter() - t0,
+            "cpu_s": time.process_time() - c0}
 
 
 def main() -> int:
@@ -82,7 +98,10 @@ def main() -> int:
     ap.add_argument("--concurrency", type=float, default=64.0,
                     help="generator's nominal concurrency (session overlap in its clock)")
     ap.add_argument("--topology", default="selector")
-    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=None, help="one seed (same as --seeds N)")
+    ap.add_argument("--seeds", default="1", help="comma-separated workload seeds")
+    ap.add_argument("--output-scale", type=float, default=1.0,
+                    help="multiply every request's output length (prefill-heavy turns: < 1)")
     ap.add_argument("--replicas", type=int, default=4)
     ap.add_argument("--router", default="round_robin")
     ap.add_argument("--profile", default="h200-llama3-8b")
@@ -95,6 +114,10 @@ def main() -> int:
     args = ap.parse_args()
     if args.quick:
         args.slots, args.sessions_per_slot, args.min_sessions = "8,24,48", 2.0, 40
+    seeds = [args.seed] if args.seed is not None else [int(x) for x in args.seeds.split(",")]
+    if not seeds or not args.output_scale > 0:
+        print("need at least one seed and --output-scale > 0", file=sys.stderr)
+        return 2
     known = policy_names()
     if args.policies:
         policies = [p for p in args.policies.split(",") if p]
@@ -107,10 +130,10 @@ def main() -> int:
     scales = [int(s) for s in args.slots.split(",")]
     jobs = [dict(policy=p, scale=n, slots=n, topology=args.topology,
                  sessions=max(args.min_sessions, int(round(args.sessions_per_slot * n))),
-                 seed=args.seed, concurrency=args.concurrency, replicas=args.replicas,
-                 router=args.router, profile=args.profile,
+                 seed=seed, concurrency=args.concurrency, replicas=args.replicas,
+                 router=args.router, profile=args.profile, output_scale=args.output_scale,
                  capacity_blocks=args.capacity_blocks or None)
-            for n in scales for p in policies]
+            for seed in seeds for n in scales for p in policies]
     t0 = time.perf_counter()
     load_avg = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     if args.jobs > 1:
@@ -122,22 +145,25 @@ def main() -> int:
         for j in jobs:
             runs.append(one_run(j))
             r = runs[-1]
-            print(f"  N={j['slots']:<5} {j['policy']:<11} "
+            print(f"  seed {j['seed']} N={j['slots']:<5} {j['policy']:<11} "
                   + (r["error"] if "error" in r else
                      f"{r['throughput_rps']:.2f} turns/s  TTFT {r['ttft_mean_s']:.3f}s  "
-                     f"hit {r['hit_rate']:.1%}  ({r['wall_s']:.0f}s)"), flush=True)
-    summary = summarize(runs, policies, scales)
+                     f"hit {r['hit_rate']:.1%}  ({r['cpu_s']:.0f}s CPU)"), flush=True)
+    summary = summarize_seeds(runs, policies, scales, seeds)
     print(format_table(summary, args))
     out = {
         "bench": "timed", "profile": args.profile, "replicas": args.replicas,
         "capacity_blocks": args.capacity_blocks or get_profile(args.profile).capacity_blocks,
         "router": args.router, "topology": args.topology,
         "sessions_per_slot": args.sessions_per_slot, "min_sessions": args.min_sessions,
-        "seed": args.seed, "concurrency": args.concurrency, "slots": scales,
+        "seeds": seeds, "output_scale": args.output_scale,
+        "concurrency": args.concurrency, "slots": scales,
         "machine": platform.node(), "load_avg_start": load_avg,
         "wall_s": time.perf_counter() - t0,
+        "cpu_s": sum(r.get("cpu_s", 0.0) for r in runs),
         "saturation_slots": summary["saturation_scale"],
         "policies": summary["policies"],
+        "per_seed": summary["per_seed"],
         "runs": runs,  # with per_replica: load imbalance explains TTFT tails
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -197,12 +223,58 @@ def summarize(runs: list[dict], policies: list[str], scales: list[float]) -> dic
     return {"saturation_scale": sat, "policies": out}
 
 
+_AVG = ("throughput_rps", "ttft_mean_s", "ttft_p90_s", "ttft_p99_s", "hit_rate",
+        "latency_mean_s", "session_time_mean_s", "queue_mean_s", "preemptions")
+
+
+def summarize_seeds(runs: list[dict], policies: list[str], scales: list[float],
+                    seeds: list[int]) -> dict:
+    """Seed-mean curves summarized like one seed (``summarize``), plus per-seed ratios at
+    the mean curve's knee (``spread``: min and max over seeds)."""
+    per_seed = {s: summarize([r for r in runs if r["seed"] == s], policies, scales)
+                for s in seeds}
+    if len(seeds) == 1:
+        out = per_seed[seeds[0]]
+        return {**out, "per_seed": {str(seeds[0]): out}}
+    by: dict = {}
+    for r in runs:
+        by.setdefault((r["policy"], r["scale"]), []).append(r)
+    mean_runs = []
+    for (p, n), rs in by.items():
+        err = next((r for r in rs if "error" in r), None)
+        if err is not None or len(rs) != len(seeds):
+            mean_runs.append(err or {"policy": p, "scale": n, "error": "missing seed"})
+            continue
+        m = {"policy": p, "scale": n}
+        for k in _AVG:
+            m[k] = sum(r[k] for r in rs) / len(rs)
+        mean_runs.append(m)
+    out = summarize(mean_runs, policies, scales)
+    sat = out["saturation_scale"]
+    for p, d in out["policies"].items():
+        if "error" in d or "ttft_reduction_vs_lru" not in d:
+            continue
+        ttft, peak = [], []
+        for s in seeds:
+            rs = {(r["policy"], r["scale"]): r for r in runs if r["seed"] == s}
+            base_at, at = rs[("lru", sat)], rs[(p, sat)]
+            ttft.append(at["ttft_mean_s"] / base_at["ttft_mean_s"] - 1.0)
+            lp = max(rs[("lru", n)]["throughput_rps"] for n in scales)
+            pp = max(rs[(p, n)]["throughput_rps"] for n in scales)
+            peak.append(pp / lp - 1.0)
+        d["spread"] = {"ttft_vs_lru_per_seed": ttft, "peak_vs_lru_per_seed": peak}
+    out["per_seed"] = {str(s): v for s, v in per_seed.items()}
+    return out
+
+
 def format_table(summary: dict, args) -> str:
     sat = summary["saturation_scale"]
     head = (f"{'policy':<12}{'hit rate':>9}{'TTFT mean':>11}{'p90':>9}{'p99':>9}"
             f"{'turns/s':>9}{'peak/s':>9}{'TTFT vs lru':>13}{'peak vs lru':>13}")
     lines = [f"timed: {args.replicas} x {args.profile}, {args.router}, {args.topology} "
-             f"closed-loop; near saturation = N {sat} concurrent sessions "
+             f"closed-loop, {args.capacity_blocks or 'all'} blocks/replica, output x "
+             f"{args.output_scale:g}, seeds {args.seeds if args.seed is None else args.seed} "
+             f"(means); near saturation = N {sat} concurrent sessions "
              f"(columns at N {sat}; peak over N = {args.slots})", head,
              "-" * len(head)]
     for p, d in summary["policies"].items():
@@ -217,7 +289,12 @@ def format_table(summary: dict, args) -> str:
             f"{'' if red is None else format(-red, '+.1%'):>13}"
             f"{'' if gain is None else format(gain, '+.1%'):>13}"
             + ("  target met" if d.get("target_met") else
-               "  target missed" if "target_met" in d else ""))
+               "  target missed" if "target_met" in d else "")
+            + (("  per seed: TTFT " + "/".join(format(x, "+.1%") for x in
+                                              d["spread"]["ttft_vs_lru_per_seed"])
+                + " peak " + "/".join(format(x, "+.1%") for x in
+                                      d["spread"]["peak_vs_lru_per_seed"]))
+               if "spread" in d else ""))
     lines.append("target (issue 3): hybrid TTFT <= -30 % and peak >= +20 % vs lru")
     return "\n".join(lines)
 
