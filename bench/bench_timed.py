@@ -18,6 +18,8 @@ until the last session start).
   averaged over seeds, the knee is taken on lru's mean curve, and the ratios are those of
   the means; the per-seed ratios at that N (``spread``) show how much one seed (which
   replica jams) moves them.
+- ``--admission prefix-aware``: replicas admit in anchorage's prefix-aware order (fewest
+  new blocks first, aged) instead of first-come-first-served, for every policy.
 - ``--output-scale s`` multiplies every request's output length (at least 1 token):
   agentic turns whose output is a short tool call are prefill-heavy.
 
@@ -75,7 +77,8 @@ def one_run(job: dict) -> dict:
                           job.get("output_scale", 1.0))
     cfg = TimedConfig(get_profile(job["profile"]), replicas=job["replicas"], mode="closed",
                       time_scale=1e-3, max_sessions=job["slots"], warmup_frac=0.2,
-                      capacity_blocks=job["capacity_blocks"])
+                      capacity_blocks=job["capacity_blocks"],
+                      admission=job.get("admission", "fcfs"))
     t0 = time.perf_counter()
     c0 = time.process_time()
     try:
@@ -108,6 +111,8 @@ def main() -> int:
     ap.add_argument("--capacity-blocks", type=int, default=8192,
                     help="KV blocks per replica (default 8192 = 128k tokens = 16 GiB of "
                          "Llama-3-8B KV; 0 = the profile's whole memory)")
+    ap.add_argument("--admission", default="fcfs", choices=["fcfs", "prefix-aware"],
+                    help="replica admission order (prefix-aware: anchorage's scheduler)")
     ap.add_argument("--jobs", type=int, default=1, help="parallel worker processes")
     ap.add_argument("--quick", action="store_true", help="3 light loads, fewer sessions")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "timed.json"))
@@ -132,6 +137,7 @@ def main() -> int:
                  sessions=max(args.min_sessions, int(round(args.sessions_per_slot * n))),
                  seed=seed, concurrency=args.concurrency, replicas=args.replicas,
                  router=args.router, profile=args.profile, output_scale=args.output_scale,
+                 admission=args.admission,
                  capacity_blocks=args.capacity_blocks or None)
             for seed in seeds for n in scales for p in policies]
     t0 = time.perf_counter()
@@ -156,7 +162,7 @@ def main() -> int:
         "capacity_blocks": args.capacity_blocks or get_profile(args.profile).capacity_blocks,
         "router": args.router, "topology": args.topology,
         "sessions_per_slot": args.sessions_per_slot, "min_sessions": args.min_sessions,
-        "seeds": seeds, "output_scale": args.output_scale,
+        "seeds": seeds, "output_scale": args.output_scale, "admission": args.admission,
         "concurrency": args.concurrency, "slots": scales,
         "machine": platform.node(), "load_avg_start": load_avg,
         "wall_s": time.perf_counter() - t0,
@@ -272,7 +278,8 @@ def format_table(summary: dict, args) -> str:
     head = (f"{'policy':<12}{'hit rate':>9}{'TTFT mean':>11}{'p90':>9}{'p99':>9}"
             f"{'turns/s':>9}{'peak/s':>9}{'TTFT vs lru':>13}{'peak vs lru':>13}")
     lines = [f"timed: {args.replicas} x {args.profile}, {args.router}, {args.topology} "
-             f"closed-loop, {args.capacity_blocks or 'all'} blocks/replica, output x "
+             f"closed-loop, {args.admission} admission, "
+             f"{args.capacity_blocks or 'all'} blocks/replica, output x "
              f"{args.output_scale:g}, seeds {args.seeds if args.seed is None else args.seed} "
              f"(means); near saturation = N {sat} concurrent sessions "
              f"(columns at N {sat}; peak over N = {args.slots})", head,

@@ -65,6 +65,7 @@ class TimedConfig:
     capacity_blocks: int | None = None  # per replica; default: the profile's
     max_sessions: int | None = None     # closed loop: concurrent session slots
     warmup_frac: float = 0.0            # with max_sessions: also skip this part of the window
+    admission: str = "fcfs"             # replica admission order: "fcfs" | "prefix-aware"
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -79,6 +80,8 @@ class TimedConfig:
             raise ValueError("think_s and warmup_s must be >= 0")
         if self.capacity_blocks is not None and self.capacity_blocks <= 0:
             raise ValueError("capacity_blocks must be positive")
+        if self.admission not in ("fcfs", "prefix-aware"):
+            raise ValueError(f"admission must be 'fcfs' or 'prefix-aware', got {self.admission!r}")
         if self.max_sessions is not None and (self.max_sessions < 1 or self.mode != "closed"):
             raise ValueError("max_sessions must be >= 1 and needs closed-loop arrivals")
 
@@ -188,10 +191,12 @@ class ClusterSim:
         if pooled:
             shared = pool_cls(cap * cfg.replicas, bs, policy_factory())
             self.pools = [shared]
-            self.replicas = [Replica(i, cfg.profile, shared) for i in range(cfg.replicas)]
+            self.replicas = [Replica(i, cfg.profile, shared, admission=cfg.admission)
+                             for i in range(cfg.replicas)]
         else:
             self.pools = [pool_cls(cap, bs, policy_factory()) for _ in range(cfg.replicas)]
-            self.replicas = [Replica(i, cfg.profile, p) for i, p in enumerate(self.pools)]
+            self.replicas = [Replica(i, cfg.profile, p, admission=cfg.admission)
+                             for i, p in enumerate(self.pools)]
         self.views = [ReplicaView(index=i, name=f"replica{i}", capacity_blocks=cap,
                                   extra={"max_load": cfg.profile.max_num_seqs})
                       for i in range(cfg.replicas)]

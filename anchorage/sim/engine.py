@@ -18,6 +18,11 @@ and ``waiting`` (FCFS). Each engine step is planned by ``plan_step(now)``:
    admission (vLLM allocates per scheduled chunk: a simplification that reserves memory a
    little earlier). Admission stops at the first request that does not fit (no
    head-of-line skipping, as in vLLM).
+   With ``admission = "prefix-aware"`` the waiting queue is first put in
+   ``anchorage.policies.admission.admission_order`` (fewest new blocks first, aged by
+   waiting time; the order ``ANCHORAGE_SCHEDULER=prefix-aware`` gives vLLM), with
+   preempted requests kept ahead of the rest in their order; it is re-sorted when a
+   request arrived or blocks were released since the last sort. Default ``"fcfs"``.
 
 A request is announced to the pool's policy when it is queued (``on_queued``, at its
 arrival time), before admission touches anything.
@@ -49,6 +54,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from anchorage.policies.admission import admission_order
 from anchorage.policies.base import RequestContext
 from anchorage.pool.block_pool import Allocation, BlockPool
 from anchorage.sim.costmodel import step_time_s
@@ -135,11 +141,20 @@ def can_allocate(pool: BlockPool, ctx: RequestContext, num_tokens: int) -> bool:
     return need <= free - evictable_hits
 
 
+ADMISSIONS = ("fcfs", "prefix-aware")
+
+
 class Replica:
     """A replica's scheduler over a pool (the pool may be shared: the ``pooled`` mode)."""
 
     def __init__(self, index: int, profile: HardwareProfile, pool: BlockPool,
-                 cost: Callable[..., float] = step_time_s):
+                 cost: Callable[..., float] = step_time_s, admission: str = "fcfs"):
+        if admission not in ADMISSIONS:
+            raise ValueError(f"admission must be one of {', '.join(ADMISSIONS)}, "
+                             f"got {admission!r}")
+        self.admission = admission
+        self._sorted_at: tuple[int, int] | None = None  # (arrivals, free epoch) of last sort
+        self._arrivals = 0
         self.index = index
         self.profile = profile
         self.pool = pool
@@ -162,6 +177,7 @@ class Replica:
 
     def enqueue(self, req: SimRequest) -> None:
         req.replica = self.index
+        self._arrivals += 1
         self.waiting.append(req)
         req.ctx.now_s = req.arrival_s
         self.pool.policy.on_queued(req.ctx)
@@ -223,6 +239,8 @@ class Replica:
             waiting, pool = self.waiting, self.pool
             if tier is not None and waiting:
                 tier.order_waiting(now)
+            elif self.admission == "prefix-aware" and len(waiting) > 1:
+                self._order_prefix_aware(now)
             while waiting and budget > 0 and len(running) < p.max_num_seqs:
                 r = waiting[0]
                 ctx = r.ctx
@@ -279,6 +297,26 @@ class Replica:
         decode = [r.num_computed for r, n, pf in items if not pf]
         dur = self.cost(p, prefill, decode)
         return StepPlan(start_s=now, duration_s=dur, items=items)
+
+    def _order_prefix_aware(self, now: float) -> None:
+        """Sort ``waiting`` by ``admission_order`` (preempted requests first, in order)
+        when something arrived or was released since the last sort."""
+        pool = self.pool
+        mark = (self._arrivals, pool.sim_free_epoch)
+        if mark == self._sorted_at:
+            return
+        self._sorted_at = mark
+        resume = [r for r in self.waiting if r.preemptions > 0]
+        rest = [r for r in self.waiting if r.preemptions == 0]
+        if len(rest) > 1:
+            rest = admission_order(
+                rest, lambda r: (pool.blocks_needed(r.prefill_target)
+                                 - pool.num_hit_blocks(r.ctx.keys, r.ctx.input_length)),
+                lambda r: r.arrival_s, now)
+        w = self.waiting
+        w.clear()
+        w.extend(resume)
+        w.extend(rest)
 
     def finish_step(self, plan: StepPlan) -> list[SimRequest]:
         """Apply a finished step; returns the requests that completed (blocks freed)."""

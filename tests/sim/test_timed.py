@@ -285,3 +285,46 @@ def test_steady_state_window_applies_to_every_metric():
     assert out["measured_requests"] == len(inside)
     ttft = sum(r.first_token_s - r.arrival_s for r in inside) / len(inside)
     assert out["ttft_mean_s"] == pytest.approx(ttft)
+
+
+def test_prefix_aware_admission_admits_fewest_new_blocks_first():
+    prof = tiny_profile(capacity=64, max_num_seqs=1, max_num_batched_tokens=4096)
+    pool = BlockPool(64, BS, LRUPolicy())
+    rep = Replica(0, prof, pool, admission="prefix-aware")
+    warm = RequestContext(request_id="w", keys=list(range(20)), input_length=20 * BS)
+    pool.free(pool.allocate(warm))  # 20 cached blocks
+    busy = SimRequest(RequestContext(request_id="b", keys=[900], input_length=BS,
+                                     output_length=3), 0.0)
+    rep.enqueue(busy)
+    rep.finish_step(rep.plan_step(0.0))  # busy holds the only seat: the next ones queue
+    cold = SimRequest(RequestContext(request_id="c", keys=list(range(100, 110)),
+                                     input_length=10 * BS), 0.1)
+    hot = SimRequest(RequestContext(request_id="h", keys=list(range(21)),
+                                    input_length=21 * BS), 0.2)
+    rep.enqueue(cold)
+    rep.enqueue(hot)
+    t = 0.3
+    while busy.finish_s is None:
+        rep.finish_step(rep.plan_step(t))
+        t += 0.1
+    plan = rep.plan_step(t)
+    # hot needs 1 new block, cold 10: hot first though it arrived later
+    assert plan.items[0][0] is hot
+    assert list(rep.waiting) == [cold]
+    fcfs = Replica(1, prof, BlockPool(64, BS, LRUPolicy()))
+    assert fcfs.admission == "fcfs"
+    with pytest.raises(ValueError, match="admission"):
+        Replica(2, prof, pool, admission="sjf")
+    with pytest.raises(ValueError, match="admission"):
+        TimedConfig(prof, admission="sjf")
+
+
+def test_prefix_aware_admission_drains_and_is_deterministic():
+    recs = session_trace(seed=3, sessions=8, turns=4)
+    cfg = TimedConfig(tiny_profile(capacity=48), replicas=2, mode="closed",
+                      admission="prefix-aware")
+    sim, wl = simulate(recs, cfg, "hybrid")
+    assert_drained(sim, wl)
+    a = run_timed(recs, make_contexts(recs), cfg, "hybrid")
+    b = run_timed(recs, make_contexts(recs), cfg, "hybrid")
+    assert a == b
