@@ -19,7 +19,7 @@ policy) gains ``router``, ``replicas``, ``ttft_p50_s``/``ttft_p90_s``/``ttft_p99
 ``--offload-watermark``); each result then also has ``host_hit_rate``,
 ``host_hit_blocks``, ``offloads``, ``reloads``, ``outcomes`` (reloads in time / late /
 wasted), ``offload_bytes``, ``reload_bytes``, ``bytes_moved``, ``gate`` (decisions by
-reason), ``reserved_blocks`` and ``tiering``. ``--agent-hints`` passes the trace's agent
+reason), ``actions`` (offload / backup / hold), ``reserved_blocks`` and ``tiering``. ``--agent-hints`` passes the trace's agent
 labels as client metadata (the spatial policy's agents).
 """
 
