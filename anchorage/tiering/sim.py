@@ -108,6 +108,8 @@ class TieringConfig:
             raise ValueError(f"tiering mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if not self.spatial_interval_s > 0:
             raise ValueError("spatial_interval_s must be > 0")
+        if not 0 < self.wait_ewma <= 1:
+            raise ValueError("wait_ewma must be in (0, 1]")
 
 
 def agent_of(ctx: RequestContext) -> Hashable:

@@ -105,6 +105,8 @@ def test_spatial_reserves_for_critical_agents():
 def test_bad_mode_and_pooled_router():
     with pytest.raises(ValueError, match="tiering mode"):
         TieringConfig(mode="sometimes")
+    with pytest.raises(ValueError, match="wait_ewma"):
+        TieringConfig(wait_ewma=0.0)
     recs, ctxs = workload()
     with pytest.raises(ValueError, match="pooled"):
         run_tiered(recs, ctxs, cfg(), "hybrid", "pooled", tiering=TieringConfig())
