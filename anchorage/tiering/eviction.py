@@ -27,8 +27,8 @@ recently freed blocks (up to its share; of a chain freed tail first, its head); 
 blocks go to the wrapped policy. ``set_reservation`` moves protected blocks above a
 shrunken share back to the wrapped policy. ``demote(blocks, reuse_s)`` moves cached free
 blocks (from wherever they are) to ``demoted``; demoting a demoted block again re-keys
-it. ``hold`` likewise moves blocks from the wrapped policy, the reserve or ``demoted``
-(holding a held block extends its deadline). Victims: ``demoted``, then the wrapped
+it. ``hold`` likewise moves blocks from the wrapped policy or ``demoted`` (reserved
+blocks stay reserved; holding a held block extends its deadline). Victims: ``demoted``, then the wrapped
 policy, then ``held``, then ``protected``. A hit removes a block from its place. The
 wrapped policy sees every notification for the blocks it holds, and a block leaving it
 out of order is reported as a hit with no request (``on_hit`` with a request id of
@@ -167,12 +167,12 @@ class TieredEviction(EvictionPolicy):
         for b in blocks:
             if ref[b] != 0 or bkey[b] is None:
                 continue
+            if b in where:
+                continue  # reserved: already evicted last
             if b in held:
                 pass
             elif b in self.demoted:
                 del self.demoted[b]
-            elif b in where:
-                del self.protected[where.pop(b)][b]
             else:
                 from_inner.append(b)
             self._seq += 1

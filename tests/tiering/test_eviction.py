@@ -143,3 +143,13 @@ def test_the_reserve_keeps_the_agents_newest_blocks():
     # a newer turn of the agent displaces the older protected blocks
     assert set(pol.protected["crit"]) == set(blocks_of(pool, ["m1", "m2"]))
     assert pol.reserved_free() == {"crit": 2}
+
+
+def test_holding_leaves_reserved_blocks_reserved():
+    pool, pol = pool_with("lru", cap=12)
+    pol.set_reservation({"crit": 2})
+    run(pool, ctx(1, ["k1", "k2", "k3"], "crit", 0.0))
+    ks = blocks_of(pool, ["k1", "k2", "k3"])
+    assert pol.hold(reversed(ks), until_s=5.0) == 1  # k3; k1, k2 are reserved
+    pool.check_invariants()
+    assert set(pol.held) == {ks[2]} and pol.reserved_free() == {"crit": 2}
