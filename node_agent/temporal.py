@@ -23,7 +23,16 @@ that carries a pending tool (``anchorage.tool_name``, optional ``anchorage.tool_
 and a session id, the controller:
 
 1. predicts the stall with ``anchorage.tiering.forecast.StallForecaster`` (learned online
-   from this engine's observed gaps: turn end to the session's next real request);
+   from this engine's observed gaps: turn end to the session's next real request) plus,
+   with ``queue_wait`` (default), the engine's admission wait, as the simulator does: a
+   returned request's prefix stays free and evictable until it is admitted. The wait is an
+   EWMA (weight ``wait_ewma`` 0.2) of arrival-to-admission times of requests admitted for
+   the first time: the block-pool driver notes vLLM's ``request.arrival_time`` at the
+   request's first admission attempt (not a preempted one's) and calls ``on_admitted(ctx,
+   wait_s)`` at its first successful ``allocate_slots`` (one dict look-up per allocation
+   while requests wait, none otherwise). The wait is a wall-clock duration (vLLM stamps
+   arrivals with ``time.time``); the policy clock is monotonic when serving, so the two add
+   up (under a replay's trace clock the wait is the engine's real one);
 2. takes the session's blocks: the leading prompt blocks still in the prefix cache (the
    connector offloads prompt blocks), ``n``; transfer times ``latency + n x bytes / bw``
    each way (the connector copies every computed block anyway, so the copy out is an
@@ -38,10 +47,34 @@ and a session id, the controller:
    prefix-aware scheduler shows it (``PoolView.waiting_demand``), else unknown, which
    counts as one request that fits (``UNKNOWN_QUEUE``); ``since_move_s`` = time since this session's
    last offload; criticality = the spatial policy's, 0 without ``spatial``;
-4. offload => ``TieredEviction.demote`` of the session's cached free blocks (evicted before
-   anything else: on the CUDA build the connector holds their host copies, so early
-   eviction is the offload) and ``reload_at = reload_at_s(end, stall, reload, end +
-   offload)`` (end + stall - reload - lead, never before the copy out completes).
+4. acts on ``anchorage.tiering.temporal.stall_action(decision, stall, survival_s)``:
+
+   - ``offload`` (the gate accepts): ``TieredEviction.demote`` of the session's cached free
+     blocks (evicted before anything else: on the CUDA build the connector holds their host
+     copies, so early eviction is the offload) and ``reload_at = reload_at_s(end, stall,
+     reload, end + offload)`` (end + stall - reload - lead, never before the copy out
+     completes);
+   - ``hold`` (``stall_short``): ``TieredEviction.hold`` of the session's cached free
+     blocks until ``hold_until_s(end, stall)`` (end + stall + max(0.05 s, 0.5 x stall)):
+     evicted only after every block of the wrapped policy, so a hold never blocks an
+     allocation that has nothing else to take. Released at expiry: ``release(now)`` at the
+     first admission attempt of each request (``on_request``, once per request; until then
+     an expired hold only stays protected a little longer); and on the session's return:
+     held blocks the returning prompt does not start with are released at once, the
+     others leave the hold when the request hits them at admission (or at expiry);
+   - ``backup`` (``low_pressure``, ``no_fit``, ``churn``, ``low_score`` once the cache has
+     turned over: ``survival_s`` finite): nothing to do in the engine: on the CUDA build
+     the offload connector already copies every computed block to host memory, so the
+     "incremental host copy without early eviction" exists; only counted;
+     ``survival_s`` = turnover time (EWMA, weight 0.3, of the time the pool takes to
+     evict ``capacity`` blocks, from ``on_evicted``) x free blocks / capacity (free
+     blocks, cached or not: the pool does not count its cached free blocks cheaply);
+   - ``keep`` (``host_full``, or a rejection before the first turnover): nothing.
+
+   Each stall counts once by its gate reason in ``offloads`` (``ok``, ``emergency`` or a
+   rejection) and, when rejected, once more by its action: ``hold``, ``backup``,
+   ``keep`` (extra label values of the same counter; the sum of the reasons is still the
+   number of stalls).
 
 Pending reloads (offloaded, no warm-up seen yet) go into the plugin's snapshot
 (``tiering.pending_reloads``: id, session, ``at_s`` in unix time, blocks, agent, tenant;
@@ -86,7 +119,9 @@ from anchorage.tiering.temporal import (
     GateInput,
     GateParams,
     decide_offload,
+    hold_until_s,
     reload_at_s,
+    stall_action,
 )
 
 ENV_HOST_BYTES = "ANCHORAGE_HOST_BYTES"
@@ -94,6 +129,7 @@ ENV_LINK_GBS = "ANCHORAGE_HOST_LINK_GBS"
 ENV_WATERMARK = "ANCHORAGE_TEMPORAL_WATERMARK"
 UNKNOWN_QUEUE = ((1, 0),)  # scheduler queue not visible: "a waiting request fits"
 OUTCOMES = ("in_time", "late", "wasted")
+ACTIONS = ("offload", "hold", "backup", "keep")  # anchorage.tiering.temporal.stall_action
 
 
 def kv_block_bytes(kv_cache_config: Any) -> int:
@@ -118,10 +154,14 @@ class TemporalParams:
     horizon_s: float = 600.0
     max_sessions: int = 4096
     default_stall_s: float = 1.0
+    queue_wait: bool = True
+    wait_ewma: float = 0.2
 
     def __post_init__(self) -> None:
         if self.host_bytes <= 0:
             raise ValueError("host_bytes must be > 0")
+        if not 0 < self.wait_ewma <= 1:
+            raise ValueError("wait_ewma must be in (0, 1]")
         if not self.link_gbs > 0 or self.latency_s < 0 or not self.horizon_s > 0:
             raise ValueError("link_gbs and horizon_s must be > 0, latency_s >= 0")
 
@@ -195,6 +235,22 @@ def plan_offload(stall_s: float, session_blocks: int, free_session_blocks: int,
     return inp, dec, at
 
 
+def survival_s(turnover_s: float, free_blocks: int, capacity_blocks: int) -> float:
+    """How long a block freed now stays cached: the free blocks ahead of it over the
+    eviction rate (capacity / turnover); ``inf`` before the first turnover. Pure."""
+    if not math.isfinite(turnover_s):
+        return math.inf
+    return turnover_s * max(0, free_blocks) / max(1, capacity_blocks)
+
+
+def plan_stall(dec: Decision, stall_s: float, end_s: float, survival: float,
+               gate: GateParams | None = None) -> tuple[str, float | None]:
+    """(action, hold deadline or None) for a stall the gate decided ``dec`` on. Pure."""
+    gate = gate or GateParams()
+    act = stall_action(dec, stall_s, survival, gate)
+    return act, (hold_until_s(end_s, stall_s, gate) if act == "hold" else None)
+
+
 @dataclass
 class Stall:
     """One session between a turn that ended in a tool call and its next real request."""
@@ -212,6 +268,9 @@ class Stall:
     reload_done_s: float | None = None
     agent: str | None = None
     tenant: str | None = None
+    action: str = "keep"          # stall_action's outcome
+    hold_until: float | None = None
+    held: tuple = ()              # (block id, key) put on hold (the adapter fills it)
 
 
 class TemporalController:
@@ -228,13 +287,46 @@ class TemporalController:
         self.bytes = {"d2h": 0, "h2d": 0}
         self.block_bytes = 0
         self._seq = 0
+        self.wait_s = 0.0             # EWMA of admission waits (arrival to first admission)
+        self.admissions = 0
+        self.evictions = 0
+        self.turnover_s = math.inf    # EWMA of the time to evict ``capacity`` blocks
+        self._ev_mark = 0
+        self._ev_t: float | None = None
+
+    # -- what the engine measures ---------------------------------------------------------
+
+    def admitted(self, wait_s: float) -> None:
+        """A request was admitted for the first time ``wait_s`` after its arrival."""
+        w = self.params.wait_ewma
+        self.wait_s = (1 - w) * self.wait_s + w * max(0.0, wait_s)
+        self.admissions += 1
+
+    def evicted(self, capacity_blocks: int, clock) -> None:
+        """One cached block was evicted; ``clock()`` is read once per ``capacity``."""
+        self.evictions += 1
+        if self._ev_t is None:
+            self._ev_t = clock()  # the first eviction: the cache is full from now on
+            self._ev_mark = self.evictions
+        elif self.evictions - self._ev_mark >= max(1, capacity_blocks):
+            now = clock()
+            self._ev_mark = self.evictions
+            dt = now - self._ev_t
+            self._ev_t = now
+            self.turnover_s = dt if self.turnover_s == math.inf else (
+                0.7 * self.turnover_s + 0.3 * dt)
+
+    def predicted_stall(self, tool: Hashable, args: Any) -> float:
+        stall = self.forecast.predict(tool, args)
+        return stall + self.wait_s if self.params.queue_wait else stall
 
     # -- a turn ends ----------------------------------------------------------------------
 
     def turn_end(self, ctx: RequestContext, keys: Sequence[Hashable], free_blocks: int,
                  reading: PoolReading, now: float, criticality: float = 0.0) -> Decision:
         """``keys``: the session's leading prompt blocks still cached; ``free_blocks``: how
-        many of them are free (evictable). Returns the gate's decision."""
+        many of them are free (evictable). Returns the gate's decision; the stall
+        (``self.stalls[sid]``) carries the action and the hold deadline."""
         sid = ctx.session_id
         self._close(sid, None, now, returned=False)
         self.expire(now)
@@ -246,12 +338,18 @@ class TemporalController:
         self.stalls[sid] = st
         while len(self.stalls) > self.params.max_sessions:
             self._drop(self.stalls.popitem(last=False)[1])
-        stall = self.forecast.predict(tool, ctx.tool_args)
+        stall = self.predicted_stall(tool, ctx.tool_args)
         self.block_bytes = reading.block_bytes
         _, dec, at = plan_offload(stall, len(keys), free_blocks, self.host_used, reading,
                                   self.params, now - self.last_move.get(sid, -math.inf),
                                   criticality, now)
+        st.action, st.hold_until = plan_stall(
+            dec, stall, now,
+            survival_s(self.turnover_s, reading.free_blocks, reading.capacity_blocks),
+            self.params.gate)
         self.offloads[dec.reason] += 1
+        if not dec.offload:
+            self.offloads[st.action] += 1
         if dec.offload:
             st.offloaded = True
             st.reload_at = at
@@ -366,7 +464,32 @@ class TemporalTiering(EngineTiering):
 
     def on_request(self, ctx: RequestContext) -> None:
         super().on_request(ctx)
+        if self.held:  # once per request: holds past their deadline go back
+            self.release(ctx.now_s)
+        sid = ctx.session_id
+        st = self.temporal.stalls.get(sid) if sid is not None else None
+        if st is not None and st.held and not ctx.warmup and ctx.request_id != st.rid:
+            self._release_returned(st, ctx)
         self.temporal.request(ctx, ctx.now_s, self.pool.cached)
+
+    def on_admitted(self, ctx: RequestContext, wait_s: float) -> None:
+        """The driver: ``ctx``'s request was admitted ``wait_s`` after its arrival."""
+        self.temporal.admitted(wait_s)
+
+    def on_evicted(self, block: int, key: Hashable) -> None:
+        self.temporal.evicted(self.pool.capacity_blocks, self.clock)
+        super().on_evicted(block, key)
+
+    def _release_returned(self, st: Stall, ctx: RequestContext) -> None:
+        """The session is back: held blocks its prompt does not start with go back to the
+        wrapped policy now; the others leave the hold when the request hits them."""
+        lead = set(ctx.keys[:len(st.held)])
+        held, bkey = self.held, self.pool.block_key
+        out = [b for b, k in st.held if k not in lead and b in held and bkey[b] == k]
+        st.held = ()
+        if out:
+            self.hold(out, ctx.now_s)  # due now
+            self.release(ctx.now_s)
 
     def on_request_done(self, ctx: RequestContext) -> None:
         super().on_request_done(ctx)
@@ -402,8 +525,16 @@ class TemporalTiering(EngineTiering):
         crit = (self.criticality.get(ctx.agent_hint, 0.0)
                 if self.spatial and ctx.agent_hint else 0.0)
         dec = self.temporal.turn_end(ctx, keys, len(free), reading, ctx.now_s, crit)
-        if dec.offload and free:
+        if not free:
+            return
+        if dec.offload:
             self.demote(reversed(free))  # a chain's tail first, as vLLM frees
+            return
+        st = self.temporal.stalls.get(ctx.session_id)
+        if st is not None and st.action == "hold" and st.hold_until is not None:
+            pairs = [(b, k) for b, k in zip(ids, keys) if ref[b] == 0]
+            self.hold(reversed(free), st.hold_until)
+            st.held = tuple(pairs)
 
     def tiering_view(self) -> dict[str, Any]:
         out = super().tiering_view() if self.spatial else {"reserved_blocks": {}}

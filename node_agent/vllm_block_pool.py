@@ -154,6 +154,9 @@ class PolicyDriver:
         self.state = None  # node_state.NodeState when the sidecar contract is on
         self.exporter = None
         self._decisions = 0
+        # request id -> vLLM arrival time (unix), from the first admission attempt of a
+        # request never preempted to its first allocation, for policies with on_admitted
+        self.admitting: OrderedDict[Any, float] = OrderedDict()
         policy.attach(self.view)
         # notifications the policy leaves as the base class's no-ops are not sent
         cls = type(policy)
@@ -189,6 +192,12 @@ class PolicyDriver:
         if len(self.contexts) > MAX_CONTEXTS:
             self.contexts.popitem(last=False)
         self.current = c
+        if (getattr(type(self.policy), "on_admitted", None) is not None
+                and not getattr(request, "num_preemptions", 0)):
+            t = getattr(request, "arrival_time", None)
+            self.admitting[c.request_id] = t if isinstance(t, float) else time.time()
+            if len(self.admitting) > MAX_CONTEXTS:
+                self.admitting.popitem(last=False)
         self.notify(self.policy.on_request, c)
         if self.state is not None:  # right after on_request: it reads the policy's request
             self.notify(self.state.observe, self.policy, c,
@@ -196,9 +205,20 @@ class PolicyDriver:
                         getattr(request, "cache_salt", None))
 
     def end(self, request: Any) -> None:
-        c = self.contexts.pop(getattr(request, "request_id", None), None)
+        rid = getattr(request, "request_id", None)
+        c = self.contexts.pop(rid, None)
+        if self.admitting:
+            self.admitting.pop(rid, None)
         if c is not None:
             self.notify(self.policy.on_request_done, c)
+
+    def admitted(self, request: Any) -> None:
+        """``request`` got its blocks: its first admission reports the wait since arrival
+        (wall clock, as vLLM stamps ``arrival_time``) to the policy's ``on_admitted``."""
+        t = self.admitting.pop(getattr(request, "request_id", None), None)
+        if t is not None:
+            self.notify(self.policy.on_admitted, self.ctx_for(request),
+                        max(0.0, time.time() - t))
 
     # -- failure containment --------------------------------------------------------------
 
@@ -539,9 +559,12 @@ def _allocate_slots(self, request, *args, **kwargs):
         return _ORIG["KVCacheManager.allocate_slots"](self, request, *args, **kwargs)
     d.current = d.ctx_for(request)
     try:
-        return _ORIG["KVCacheManager.allocate_slots"](self, request, *args, **kwargs)
+        out = _ORIG["KVCacheManager.allocate_slots"](self, request, *args, **kwargs)
     finally:
         d.current = None
+    if d.admitting and out is not None:
+        d.admitted(request)
+    return out
 
 
 def _free(self, request) -> None:

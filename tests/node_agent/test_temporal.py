@@ -293,3 +293,67 @@ def test_prefix_aware_scheduler_reports_new_blocks_of_the_first_waiting_requests
     out = PrefixAwareMixin._anchorage_waiting_demand(me)
     assert len(out) == 32  # the first 32, in queue order
     assert out[:3] == [(0, 64), (1, 128), (3, 192)]
+
+
+# -- what a stall gets: offload / hold / backup / keep (anchorage.tiering.temporal) ---------
+
+
+def test_plan_stall_maps_each_gate_outcome_to_its_action():
+    from anchorage.node_agent.temporal import plan_stall, survival_s
+
+    _, ok, _ = plan_offload(10.0, 20, 20, 0, BUSY, P)
+    assert plan_stall(ok, 10.0, 100.0, 5.0) == ("offload", None)
+    _, short, _ = plan_offload(0.001, 20, 20, 0, BUSY, P)
+    act, until = plan_stall(short, 0.001, 100.0, 5.0)
+    assert act == "hold" and until == pytest.approx(100.0 + 0.001 + 0.05)  # min hold 50 ms
+    act, until = plan_stall(dataclass_replace(short, window_s=-1.0), 4.0, 100.0, 5.0)
+    assert until == pytest.approx(100.0 + 4.0 + 2.0)  # half the stall
+    _, low, _ = plan_offload(10.0, 20, 20, 0, PoolReading(100, 90, 2 * MIB), P)
+    assert plan_stall(low, 10.0, 0.0, 5.0) == ("backup", None)
+    assert plan_stall(low, 10.0, 0.0, math.inf) == ("keep", None)  # no turnover yet
+    _, full, _ = plan_offload(10.0, 20, 20, 490, BUSY, P)
+    assert plan_stall(full, 10.0, 0.0, 5.0) == ("keep", None)
+    assert survival_s(math.inf, 30, 100) == math.inf
+    assert survival_s(20.0, 30, 100) == pytest.approx(6.0)
+
+
+def test_rejected_stalls_count_their_action_next_to_the_reason():
+    c = TemporalController(P)
+    c.turn_end(ctx("r0"), ["k0", "k1"], 2, BUSY, 0.0)
+    c.request(ctx("r0b", tool=None), 0.0)  # a stall of 0 s: the next one is short
+    assert c.turn_end(ctx("r1"), ["k0", "k1"], 2, BUSY, 10.0).reason == "stall_short"
+    st = c.stalls["s1"]
+    assert st.action == "hold" and st.hold_until == pytest.approx(10.05)
+    assert c.offloads["stall_short"] == 1 and c.offloads["hold"] == 1
+    c.request(ctx("r1b", tool=None), 10.0)
+    idle = PoolReading(100, 90, 2 * MIB)
+    c.turn_end(ctx("r2", tool="grep"), ["k0", "k1"], 2, idle, 20.0)  # low pressure
+    assert c.offloads["low_pressure"] == 1 and c.offloads["keep"] == 1  # no turnover yet
+    clock = iter([20.0, 30.0]).__next__
+    for _ in range(100 + 1):  # the cache turns over once in 10 s
+        c.evicted(100, clock)
+    assert c.turnover_s == pytest.approx(10.0)
+    c.request(ctx("r2b", tool=None), 21.0)
+    c.turn_end(ctx("r3", tool="grep"), ["k0", "k1"], 2, idle, 30.0)
+    assert c.stalls["s1"].action == "backup" and c.offloads["backup"] == 1
+    assert sum(c.offloads[r] for r in ("ok", "stall_short", "low_pressure")) == 4  # stalls
+
+
+def test_the_admission_wait_lengthens_the_predicted_stall():
+    def short_then(c):
+        c.turn_end(ctx("r0"), ["k0", "k1"], 2, BUSY, 0.0)
+        c.request(ctx("r0b", tool=None), 0.0)  # "search" stalls 0 s
+        return c.turn_end(ctx("r1"), ["k0", "k1"], 2, BUSY, 10.0)
+
+    c = TemporalController(P)
+    for _ in range(3):
+        c.admitted(10.0)
+    assert c.wait_s == pytest.approx(10.0 * (1 - 0.8 ** 3)) and c.admissions == 3
+    assert c.predicted_stall("search", None) == pytest.approx(1.0 + c.wait_s)  # default 1 s
+    d = short_then(c)  # 0 s of tool + 4.9 s of queue: the blocks would wait, offload
+    assert d.offload and c.stalls["s1"].action == "offload"
+    off = TemporalController(dataclass_replace(P, queue_wait=False))
+    off.admitted(10.0)
+    assert short_then(off).reason == "stall_short"
+    with pytest.raises(ValueError, match="wait_ewma"):
+        dataclass_replace(P, wait_ewma=0.0)

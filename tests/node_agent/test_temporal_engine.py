@@ -5,6 +5,10 @@
   the session's observed gap) passes the gate: the session's blocks are demoted and a flood
   evicts them before an unrelated, older finished session's; with a short predicted stall
   they are not (LRU evicts the older session first).
+- A short predicted stall is held on GPU: a flood evicts a newer unrelated session first,
+  and the held blocks go only when nothing else is left (a hold never blocks an
+  allocation); at expiry the next request releases the hold to LRU order. Each request's
+  first admission reports its wait to the controller.
 - The pending reload reaches the plugin's snapshot with the session's prompt; the sidecar's
   logic issues it at ``reload_at`` (not before), the warm-up does not feed the forecaster,
   and the session's next request then hits its whole prefix (num_cached_tokens). On this
@@ -63,8 +67,11 @@ def temporal(engine, monkeypatch):
     assert engine.llm.reset_prefix_cache()
     clock = Clock()
     prev = request_context.set_clock(clock)
+    # queue_wait off: the admission wait is measured on the wall clock (vLLM's arrival
+    # time), the stalls here on the test clock; the wait is checked on its own below
     policy = Recording(make_policy("lru", block_size=BS),
-                       TemporalParams(host_bytes=1 << 30, gate=GateParams(watermark=0.0)),
+                       TemporalParams(host_bytes=1 << 30, gate=GateParams(watermark=0.0),
+                                      queue_wait=False),
                        clock=clock)
     drv = vllm_block_pool.attach(engine.pool, policy)
     drv.state = NodeState(block_size=BS)  # the plugin's registry (prompts for reloads)
@@ -235,3 +242,44 @@ def test_the_plugins_policy_factory_builds_the_temporal_wrapper(engine, monkeypa
     p = vllm_block_pool._make_configured_policy(engine.pool)
     assert isinstance(p, TemporalTiering) and p.spatial
     assert p.temporal.params.host_bytes == 8 << 30
+
+
+def test_a_short_stall_is_held_until_expiry_and_never_blocks_an_allocation(temporal):
+    engine, policy, drv, clock = temporal
+    errors0 = vllm_block_pool.STATS.errors
+    adm0 = policy.temporal.admissions
+    teach(engine, policy, clock, SHORT_TOOL, 0.0, seed=60)
+    assert engine.llm.reset_prefix_cache()
+    n = PROMPT_BLOCKS * BS + 5
+    clock.t += 1.0
+    run(engine, "s-1", tokens(2, n), "s", tool=SHORT_TOOL)  # S stalls first (older) ...
+    end_s = clock.t
+    st = policy.temporal.stalls["s"]
+    assert st.action == "hold" and st.hold_until == pytest.approx(end_s + 0.05)
+    assert policy.temporal.offloads["hold"] >= 1
+    s_keys = policy.keys["s"]
+    assert len(policy.held) == PROMPT_BLOCKS
+    run(engine, "u-1", tokens(1, n), "u")  # ... then U ends (newer), same instant
+    u_keys = policy.keys["u"]
+    cached_free = len(list(policy.eviction_order()))
+    uncached_free = drv.view.num_free_blocks - cached_free
+    # a flood that needs every uncached block, all of U's and 2 more: LRU alone would take
+    # S (older) first; the hold takes U first, then 2 held blocks rather than fail
+    k = uncached_free + PROMPT_BLOCKS + 2
+    assert k * BS + 2 <= engine.max_model_len
+    held0 = policy.held_evictions
+    run(engine, "f-1", tokens(3, k * BS - 1), "f")
+    assert cached_blocks(drv, u_keys) == 0
+    assert policy.held_evictions - held0 == 2
+    assert cached_blocks(drv, s_keys) == PROMPT_BLOCKS - 2
+    # expiry: the next request's first admission attempt releases the hold (LRU again)
+    clock.t = st.hold_until + 0.01
+    run(engine, "x-1", tokens(4, BS + 3), "x")
+    assert not policy.held
+    left = [drv.view.cached.get(k) for k in s_keys if k in drv.view.cached]
+    assert len(left) == PROMPT_BLOCKS - 2
+    assert set(left) <= set(policy.inner.eviction_order())
+    assert vllm_block_pool.STATS.errors == errors0
+    # every request reported its first admission (teach 2 + s, u, f, x): the wait is
+    # measured even where the gate ignores it (queue_wait off here)
+    assert policy.temporal.admissions - adm0 == 6 and policy.temporal.wait_s >= 0.0
