@@ -283,3 +283,21 @@ def test_a_short_stall_is_held_until_expiry_and_never_blocks_an_allocation(tempo
     # every request reported its first admission (teach 2 + s, u, f, x): the wait is
     # measured even where the gate ignores it (queue_wait off here)
     assert policy.temporal.admissions - adm0 == 6 and policy.temporal.wait_s >= 0.0
+
+
+def test_a_held_session_that_returns_releases_the_blocks_its_prompt_leaves(temporal):
+    engine, policy, drv, clock = temporal
+    teach(engine, policy, clock, SHORT_TOOL, 0.0, seed=60)
+    assert engine.llm.reset_prefix_cache()
+    s_toks = tokens(2, PROMPT_BLOCKS * BS + 5)
+    clock.t += 1.0
+    run(engine, "s-1", s_toks, "s", tool=SHORT_TOOL)
+    s_keys = policy.keys["s"]
+    assert len(policy.held) == PROMPT_BLOCKS
+    # back within the hold, with a prompt that keeps only its first 6 blocks: those are hit
+    # (in use, then freed to LRU order), the 6 it leaves are released at the return
+    half = PROMPT_BLOCKS // 2
+    assert run(engine, "s-2", s_toks[: half * BS] + tokens(8, 3 * BS), "s") == half * BS
+    assert not policy.held and "s" not in policy.temporal.stalls
+    left = {drv.view.cached.get(k) for k in s_keys[half:]}
+    assert None not in left and left <= set(policy.inner.eviction_order())
