@@ -119,7 +119,12 @@ def main() -> int:
     args = ap.parse_args()
     if args.quick:
         args.slots, args.sessions_per_slot, args.min_sessions = "8,24,48", 2.0, 40
-    seeds = [args.seed] if args.seed is not None else [int(x) for x in args.seeds.split(",")]
+    try:
+        seeds = ([args.seed] if args.seed is not None
+                 else [int(x) for x in args.seeds.split(",") if x])
+    except ValueError:
+        print(f"--seeds must be comma-separated integers, got {args.seeds!r}", file=sys.stderr)
+        return 2
     if not seeds or not args.output_scale > 0:
         print("need at least one seed and --output-scale > 0", file=sys.stderr)
         return 2
