@@ -79,6 +79,9 @@ class TieredEviction(EvictionPolicy):
     def on_request(self, ctx: RequestContext) -> None:
         self.inner.on_request(ctx)
 
+    def on_queued(self, ctx: RequestContext) -> None:
+        self.inner.on_queued(ctx)
+
     def on_hit(self, ctx: RequestContext, blocks: list[int], were_free: list[int]) -> None:
         inner_free = []
         dem, where = self.demoted, self._where
