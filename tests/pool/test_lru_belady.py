@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from anchorage.policies.base import RequestContext
-from anchorage.policies.belady import BeladyPolicy, next_use_table
+from anchorage.policies.belady import next_use_table
 from anchorage.policies.lru import LRUPolicy
 from anchorage.policies.registry import make_policy
 from anchorage.pool.block_pool import BlockPool

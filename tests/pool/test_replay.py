@@ -7,7 +7,6 @@ import json
 import pytest
 
 from anchorage.cli import main
-from anchorage.policies.base import RequestContext
 from anchorage.policies.registry import make_policy
 from anchorage.sim.replay import infinite_hit_rate, make_contexts, replay, run_policies
 from anchorage.trace.format import TraceHeader, TraceRecord, write_trace

@@ -275,7 +275,6 @@ def test_steady_state_window_applies_to_every_metric():
     # warmup_frac leaves the ramp-up out of TTFT and hit rate, not only out of turns/s
     from anchorage.sim.cluster import summarize
     recs = session_trace(seed=7, sessions=8, turns=3)
-    ctxs = make_contexts(recs)
     cfg = TimedConfig(tiny_profile(capacity=64), replicas=1, max_sessions=2, warmup_frac=0.5)
     sim, wl = simulate(recs, cfg)
     out = summarize(sim, wl, "lru", "round_robin")

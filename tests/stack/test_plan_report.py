@@ -4,7 +4,6 @@ layout, engine command lines, the Prometheus config, and the supervisor's clean 
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
