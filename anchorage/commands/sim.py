@@ -74,6 +74,9 @@ def register(sub) -> None:
     t.add_argument("--max-sessions", type=int, default=None,
                    help="closed loop: N concurrent session slots (a session starts when "
                         "a slot frees); metrics cover the steady state")
+    t.add_argument("--admission", choices=["fcfs", "prefix-aware"], default="fcfs",
+                   help="replica admission order: fcfs (vLLM's default) or prefix-aware "
+                        "(fewest new blocks first, aged; ANCHORAGE_SCHEDULER=prefix-aware)")
     tt = p.add_argument_group("host-memory tier (timed mode)")
     tt.add_argument("--tiering", choices=["off", "naive", "naive-incremental", "temporal", "tokencake"],
                     default="off",
@@ -232,7 +235,7 @@ def run_timed_mode(args, records, contexts, bs, capacity, names, params, unique,
         cfg = TimedConfig(profile, replicas=args.replicas, mode=args.arrivals,
                           time_scale=args.time_scale, think_s=args.think_s,
                           warmup_s=args.warmup_s, capacity_blocks=capacity,
-                          max_sessions=args.max_sessions)
+                          max_sessions=args.max_sessions, admission=args.admission)
     except ValueError as exc:
         raise CLIError(str(exc)) from None
     results = []
@@ -264,6 +267,7 @@ def run_timed_mode(args, records, contexts, bs, capacity, names, params, unique,
                     r["belady_gap"] = bel[0]["hit_rate"] - r["hit_rate"]
     out = {
         "trace": args.trace, "mode": "timed", "profile": args.profile, "arrivals": args.arrivals,
+        "admission": args.admission,
         "tiering": args.tiering,
         "replicas": args.replicas, "router": args.router, "block_size": bs,
         "capacity_blocks": cfg.capacity, "requests": len(records), "unique_blocks": unique,

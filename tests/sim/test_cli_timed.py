@@ -85,3 +85,14 @@ def test_timed_table_and_sequential_unchanged(trace):
 def test_bad_input_is_a_clear_error(trace, argv, msg):
     with pytest.raises(CLIError, match=msg):
         run_cli("--trace", trace, "--no-progress", *argv)
+
+
+def test_timed_prefix_aware_admission(trace):
+    base = ["--trace", trace, "--mode", "timed", "--policies", "lru", "--capacity-blocks",
+            "40", "--json", "--no-progress"]
+    _, out = run_cli(*base)
+    assert json.loads(out)["admission"] == "fcfs"
+    rc, out = run_cli(*base, "--admission", "prefix-aware")
+    d = json.loads(out)
+    assert rc == 0 and d["admission"] == "prefix-aware"
+    assert d["results"][0]["requests"] == d["requests"]
