@@ -56,14 +56,16 @@ view has none, 100_000), ``min_agent_load`` (1e-3: placements of agents decayed 
 are forgotten), ``tokens_per_request`` (2048; 0: request counts only).
 
 Measured (``bench/bench_router.py --sim``, random topology, 400 sessions, hybrid eviction,
-at the knee): what separates ``agent`` from one pooled cache is capacity, not placement:
-of the 10.3 points it trails pooled at 4 replicas, 8 are threads evicted on their own
-replica while a tool call of 5-30 s ran (pooled keeps 52 % of those blocks, a 4,000-block
-replica 35 %: running prompts pin up to 94 % of one replica's cache, 68 % of the pool's
-at p99), and prefixes held only by another replica cost 4 points. Diverting new threads
-less (``new_ratio`` 2 / ``new_abs`` 4, was 1.25 / 2) gained 1.5 / 1.8 points (4 / 8
-replicas) with TTFT p90 at 0.47x / 0.33x round_robin's; never diverting (0) gained 2.3 at
-4 replicas but put TTFT p90 at 0.49x, at the limit.
+4 replicas at the knee; ``anchorage.routing.analysis`` splits the misses): ``agent`` trails
+one pooled cache by 8.8 points: 3.9 of placement (histories left on another replica when
+a thread moved under load; anchors 0.1) and 5.1 more capacity misses (its own replica
+evicted them), mostly threads waiting 5-30 s on a tool call, flushed while other
+requests' running prompts pin the replica's cache (p99 94 % of a 4,000-block replica vs
+68 % of the pooled cache, 150-session trace). Diverting new threads less (``new_ratio`` 2
+/ ``new_abs`` 4, was 1.25 / 2) gained 1.5 / 1.8 points (4 / 8 replicas) with TTFT p90 at
+0.48x / 0.33x round_robin's; never diverting (0) gained 2.3 at 4 replicas but put TTFT
+p90 at 0.49x, at the limit; moving threads less (``spill_ratio`` 3) removed most of the
+placement loss but put TTFT p90 at 0.57x.
 """
 
 from __future__ import annotations
