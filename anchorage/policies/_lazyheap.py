@@ -31,6 +31,10 @@ class LazyHeap:
     def __contains__(self, block: int) -> bool:
         return block in self._token
 
+    def __iter__(self) -> Iterator[int]:
+        """Live blocks, in no particular order."""
+        return iter(self._token)
+
     def push(self, block: int, priority: Any) -> None:
         """Insert or re-prioritise ``block``; ties go to the earlier push."""
         c = self._counter = self._counter + 1

@@ -33,16 +33,18 @@ policy, then ``held``, then ``protected``. A hit removes a block from its place.
 wrapped policy sees every notification for the blocks it holds, and a block leaving it
 out of order is reported as a hit with no request (``on_hit`` with a request id of
 None), which the policies here treat as "no longer free" and learn nothing from.
-``agent_of(ctx)`` labels requests (the spatial policy's agent). Costs: O(1) per block.
+``agent_of(ctx)`` labels requests (the spatial policy's agent). Costs per block: O(log n)
+for ``demoted`` and ``held`` (lazy heaps, ``anchorage.policies._lazyheap.LazyHeap``), O(1)
+otherwise.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
 
+from anchorage.policies._lazyheap import LazyHeap
 from anchorage.policies.base import EvictionPolicy, RequestContext
 
 _NOBODY = RequestContext(request_id=None, keys=(), input_length=0, warmup=True)
@@ -53,14 +55,11 @@ class TieredEviction(EvictionPolicy):
         self.inner = inner
         self.name = inner.name
         self.agent_of = agent_of
-        self.demoted: dict[int, int] = {}      # block -> sequence number of its heap entry
-        self._dheap: list[tuple[float, int, int]] = []  # (-reuse_s, seq, block), lazy
+        self.demoted = LazyHeap()               # priority -reuse_s: furthest reuse first
         self.protected: dict[Hashable, OrderedDict[int, None]] = {}
         self.reservation: dict[Hashable, int] = {}
         self._where: dict[int, Hashable] = {}   # protected block -> agent
-        self.held: dict[int, int] = {}         # block -> sequence number of its heap entry
-        self._hheap: list[tuple[float, int, int]] = []  # (until_s, seq, block), lazy
-        self._seq = 0
+        self.held = LazyHeap()                  # priority until_s: earliest deadline first
         self.demoted_evictions = 0
         self.protected_evictions = 0
         self.held_evictions = 0
@@ -87,10 +86,8 @@ class TieredEviction(EvictionPolicy):
         dem, where = self.demoted, self._where
         held = self.held
         for b in were_free:
-            if b in dem:
-                del dem[b]
-            elif b in held:
-                del held[b]
+            if dem.remove(b) or held.remove(b):
+                pass
             elif b in where:
                 del self.protected[where.pop(b)][b]
             else:
@@ -133,27 +130,20 @@ class TieredEviction(EvictionPolicy):
         """Move cached free blocks to the front of the eviction order, the furthest
         predicted reuse first (``reuse_s``); returns how many."""
         ref, bkey = self.pool.ref_cnt, self.pool.block_key
-        dem, where, heap = self.demoted, self._where, self._dheap
+        dem, where = self.demoted, self._where
         from_inner = []
         n = 0
         for b in blocks:
             if ref[b] != 0 or bkey[b] is None:
                 continue
-            if b in dem:
+            if b in dem or self.held.remove(b):
                 pass
-            elif b in self.held:
-                del self.held[b]
             elif b in where:
                 del self.protected[where.pop(b)][b]
             else:
                 from_inner.append(b)
-            self._seq += 1
-            dem[b] = self._seq
-            heapq.heappush(heap, (-reuse_s, self._seq, b))
+            dem.push(b, -reuse_s)
             n += 1
-        if len(heap) > 2 * len(dem) + 1024:  # drop entries of blocks hit or re-keyed
-            self._dheap = heap = [e for e in heap if dem.get(e[2]) == e[1]]
-            heapq.heapify(heap)
         if from_inner:
             self.inner.on_hit(_NOBODY, [], from_inner)
             # a request-less "done" lets a lazy policy settle the groups it just emptied
@@ -164,7 +154,7 @@ class TieredEviction(EvictionPolicy):
         """Keep cached free blocks on GPU until ``until_s`` (evicted after the wrapped
         policy's); returns how many."""
         ref, bkey = self.pool.ref_cnt, self.pool.block_key
-        held, where, heap = self.held, self._where, self._hheap
+        held, where = self.held, self._where
         from_inner = []
         n = 0
         for b in blocks:
@@ -172,46 +162,27 @@ class TieredEviction(EvictionPolicy):
                 continue
             if b in where:
                 continue  # reserved: already evicted last
-            if b in held:
+            if b in held or self.demoted.remove(b):
                 pass
-            elif b in self.demoted:
-                del self.demoted[b]
             else:
                 from_inner.append(b)
-            self._seq += 1
-            held[b] = self._seq
-            heapq.heappush(heap, (until_s, self._seq, b))
+            held.push(b, until_s)
             n += 1
         if from_inner:
             self.inner.on_hit(_NOBODY, [], from_inner)
             self.inner.on_request_done(_NOBODY)
-        if len(heap) > 2 * len(held) + 1024:
-            self._hheap = heap = [e for e in heap if held.get(e[2]) == e[1]]
-            heapq.heapify(heap)
         return n
 
     def release(self, now: float) -> int:
         """Hand held blocks whose deadline passed back to the wrapped policy."""
-        held, heap = self.held, self._hheap
+        held = self.held
         out = []
-        while heap and heap[0][0] <= now:
-            _, seq, b = heapq.heappop(heap)
-            if held.get(b) == seq:
-                del held[b]
-                out.append(b)
+        while (top := held.peek()) is not None and top[0] <= now:
+            out.append(held.pop())
         if out:
             self.inner.on_freed(RequestContext(request_id=None, keys=(), input_length=0,
                                                now_s=now, warmup=True), out)
         return len(out)
-
-    def _pop_held(self) -> int | None:
-        held, heap = self.held, self._hheap
-        while heap:
-            _, seq, b = heapq.heappop(heap)
-            if held.get(b) == seq:
-                del held[b]
-                return b
-        return None
 
     def set_reservation(self, shares: dict[Hashable, int], now: float = 0.0) -> None:
         """New reserved shares per agent; protected blocks above a share are released."""
@@ -233,25 +204,16 @@ class TieredEviction(EvictionPolicy):
 
     # -- victims --------------------------------------------------------------------------
 
-    def _pop_demoted(self) -> int | None:
-        dem, heap = self.demoted, self._dheap
-        while heap:
-            _, seq, b = heapq.heappop(heap)
-            if dem.get(b) == seq:
-                del dem[b]
-                return b
-        return None
-
     def pop_victim(self) -> int | None:
         if self.demoted:
             self.demoted_evictions += 1
-            return self._pop_demoted()
+            return self.demoted.pop()
         b = self.inner.pop_victim()
         if b is not None:
             return b
         if self.held:
             self.held_evictions += 1
-            return self._pop_held()
+            return self.held.pop()
         best = None
         for a, q in self.protected.items():
             if q:
@@ -265,20 +227,16 @@ class TieredEviction(EvictionPolicy):
         return b
 
     def eviction_order(self) -> Iterable[int]:
-        dem = self.demoted
-        out = [b for _, seq, b in sorted(self._dheap) if dem.get(b) == seq]
+        out = list(self.demoted.ordered())
         out += list(self.inner.eviction_order())
-        held = self.held
-        out += [b for _, seq, b in sorted(self._hheap) if held.get(b) == seq]
+        out += list(self.held.ordered())
         for q in self.protected.values():
             out.extend(q)
         return out
 
     def reset(self) -> None:
         self.demoted.clear()
-        self._dheap.clear()
         self.held.clear()
-        self._hheap.clear()
         self.protected.clear()
         self._where.clear()
         self.inner.reset()
