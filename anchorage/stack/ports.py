@@ -1,11 +1,22 @@
-"""Loopback port allocation: a fixed layout from ``--base-port``, or free ports from the
-kernel. Every port is checked before anything starts, so a port in use is one clear error
-instead of a half-started stack."""
+"""Loopback port allocation: a fixed layout from ``--base-port``, or free ports. Every port
+is checked before anything starts, so a port in use is one clear error instead of a
+half-started stack.
+
+Free ports are drawn between 20,000 and the start of the kernel's ephemeral range
+(``/proc/sys/net/ipv4/ip_local_port_range``, usually 32,768), not asked of the kernel: a
+kernel-chosen port is an ephemeral one, and between the check and the service's bind the
+kernel can hand it to another process's outgoing connection or kernel-chosen listener
+(Ray and vLLM open dozens while the stack starts). Ray's worker ports (10,002-19,999 by
+default) are below the range. Without room there, the kernel chooses."""
 
 from __future__ import annotations
 
+import random
 import socket
 from dataclasses import dataclass
+
+FREE_PORT_LOW = 20000
+_TRIES = 200
 
 
 class PortInUse(RuntimeError):
@@ -26,7 +37,24 @@ class Ports:
         return out
 
 
-def free_port(host: str = "127.0.0.1") -> int:
+def ephemeral_low(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> int:
+    """The first port of the kernel's ephemeral range (32768 if unreadable)."""
+    try:
+        with open(path) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port(host: str = "127.0.0.1", rng: random.Random | None = None) -> int:
+    """A port free on ``host`` now, outside the kernel's ephemeral range (module doc)."""
+    lo, hi = FREE_PORT_LOW, ephemeral_low()
+    if hi - lo >= 100:
+        rng = rng or random.Random()
+        for _ in range(_TRIES):
+            port = rng.randrange(lo, hi)
+            if is_free(port, host):
+                return port
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]

@@ -12,15 +12,10 @@ import time
 import httpx
 
 from tests.conftest import REPO
+from tests.support.procs import free_port
 
 CMD = [sys.executable, "-c", "import sys; from anchorage.cli import main; sys.exit(main())",
        "node-agent"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_serves_and_stops_on_sigterm(tmp_path):

@@ -103,6 +103,7 @@ def test_report_files(tmp_path):
 
 def test_port_layout_and_engine_commands(tmp_path):
     from anchorage.stack.engines import EngineSpec, engine_command, sidecar_command
+    from anchorage.stack import ports
     from anchorage.stack.ports import layout
     from anchorage.stack.prometheus import config_text
 
@@ -111,6 +112,9 @@ def test_port_layout_and_engine_commands(tmp_path):
                                                               (20040, 20041))
     free = layout(3)
     assert len({x for _, x in free.all()}) == 8
+    low = ports.ephemeral_low()
+    if low - ports.FREE_PORT_LOW >= 100:   # free ports avoid the kernel's ephemeral range
+        assert all(ports.FREE_PORT_LOW <= x < low for _, x in free.all())
     spec = EngineSpec(0, 20010, 20040, "/m", tmp_path, policy="hybrid", kv_blocks=100)
     argv, env = engine_command(spec, {"ANCHORAGE_OTHER": "x", "PATH": "/bin"})
     assert argv[1:3] == ["-m", "anchorage.stack.vllm_server"]
@@ -164,3 +168,26 @@ def test_metrics_parsers():
     assert na["policy_errors"] == 5.0 and na["warmups_issued"] == 2.0 and na["warmups_used"] == 1.0
     assert delta({"hits": 1.0}, {"hits": 3.0, "queries": 2.0}) == {"hits": 2.0, "queries": 2.0}
     assert delta(None, {"hits": 1.0}) is None
+
+
+def test_free_port_outside_the_ephemeral_range(tmp_path, monkeypatch):
+    import random
+    import socket
+
+    from anchorage.stack import ports
+
+    rng = random.Random(3)
+    taken = ports.free_port(rng=random.Random(3))
+    with socket.socket() as s:              # the port drawn first is busy: the next is used
+        s.bind(("127.0.0.1", taken))
+        s.listen()
+        port = ports.free_port(rng=rng)
+        assert port != taken and ports.is_free(port)
+    rng_file = tmp_path / "range"
+    rng_file.write_text("40000\t60999\n")
+    assert ports.ephemeral_low(str(rng_file)) == 40000
+    assert ports.ephemeral_low(str(tmp_path / "missing")) == 32768
+    monkeypatch.setattr(ports, "ephemeral_low", lambda: 40000)
+    assert 20000 <= ports.free_port() < 40000
+    monkeypatch.setattr(ports, "ephemeral_low", lambda: 20050)   # no room: the kernel chooses
+    assert ports.free_port() >= 1024

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import time
 from pathlib import Path
 from typing import Callable
 
+from anchorage.stack import ports
+
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port outside the kernel's ephemeral range, so no process started
+    meanwhile is handed it (``anchorage.stack.ports.free_port``)."""
+    return ports.free_port()
 
 
 def wait_until(pred: Callable[[], bool], what: str, timeout_s: float = 60.0,
