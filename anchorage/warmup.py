@@ -50,6 +50,31 @@ class WarmupConfig:
             raise ValueError("rate_per_s, burst and cooldown_s must be >= 0")
 
 
+class TokenBucket:
+    """``rate_per_s`` tokens per second, at most ``burst`` held; starts full. Time read
+    backwards (an earlier ``now_s``) adds nothing."""
+
+    __slots__ = ("rate_per_s", "burst", "tokens", "_last")
+
+    def __init__(self, rate_per_s: float, burst: int):
+        self.rate_per_s, self.burst = rate_per_s, burst
+        self.tokens = float(burst)
+        self._last: float | None = None
+
+    def refill(self, now_s: float) -> None:
+        if self._last is not None and now_s > self._last:
+            self.tokens = min(float(self.burst),
+                              self.tokens + (now_s - self._last) * self.rate_per_s)
+        self._last = now_s if self._last is None else max(self._last, now_s)
+
+    def take(self) -> bool:
+        """Spend one token if there is one."""
+        if self.tokens < 1.0:
+            return False
+        self.tokens -= 1.0
+        return True
+
+
 @dataclass(frozen=True)
 class Decision:
     warm: tuple[str, ...]
@@ -61,22 +86,15 @@ class WarmupScheduler:
 
     def __init__(self, config: WarmupConfig | None = None, *, max_tracked: int = 4096):
         self.config = config or WarmupConfig()
-        self._tokens = float(self.config.burst)
-        self._last_refill: float | None = None
+        self._bucket = TokenBucket(self.config.rate_per_s, self.config.burst)
         self._last_warm: dict[str, float] = {}
         self._max_tracked = max_tracked
-
-    def _refill(self, now_s: float) -> None:
-        if self._last_refill is not None and now_s > self._last_refill:
-            self._tokens = min(float(self.config.burst),
-                               self._tokens + (now_s - self._last_refill) * self.config.rate_per_s)
-        self._last_refill = now_s if self._last_refill is None else max(self._last_refill, now_s)
 
     def decide(self, now_s: float, *, running: int, waiting: int, r: float,
                predictions: Sequence[tuple[str, float]], known: Iterable[str],
                cached: Iterable[str] = ()) -> Decision:
         cfg = self.config
-        self._refill(now_s)
+        self._bucket.refill(now_s)
         cands = sorted(predictions, key=lambda p: (-p[1], p[0]))
         if not cfg.enabled:
             return Decision((), {a: "disabled" for a, _ in cands})
@@ -98,10 +116,9 @@ class WarmupScheduler:
                 skipped[agent] = "cooldown"
             elif len(warm) >= cfg.max_per_tick:
                 skipped[agent] = "tick_limit"
-            elif self._tokens < 1.0:
+            elif not self._bucket.take():
                 skipped[agent] = "rate_limited"
             else:
-                self._tokens -= 1.0
                 self._last_warm[agent] = now_s
                 warm.append(agent)
         if len(self._last_warm) > self._max_tracked:
@@ -132,21 +149,18 @@ class ReloadConfig:
 
 class ReloadScheduler:
     """Which pending reloads (``{"id", "at_s", ...}`` dicts from the plugin's snapshot) to
-    send now. Each id is sent at most once; state: a token bucket and the ids handled
+    send now. Each id is sent at most once; state: a ``TokenBucket`` and the ids handled
     (bounded, oldest forgotten)."""
 
     def __init__(self, config: ReloadConfig | None = None):
         self.config = config or ReloadConfig()
-        self._tokens = float(self.config.burst)
-        self._last: float | None = None
+        self._bucket = TokenBucket(self.config.rate_per_s, self.config.burst)
         self._done: dict[str, None] = {}
         self.expired = self.rate_limited = 0
 
     def due(self, now_s: float, pending: Sequence[dict]) -> list[dict]:
         cfg = self.config
-        if self._last is not None and now_s > self._last:
-            self._tokens = min(float(cfg.burst), self._tokens + (now_s - self._last) * cfg.rate_per_s)
-        self._last = now_s if self._last is None else max(self._last, now_s)
+        self._bucket.refill(now_s)
         if not cfg.enabled:
             return []
         out = []
@@ -158,10 +172,9 @@ class ReloadScheduler:
                 self._mark(rid)
                 self.expired += 1
                 continue
-            if self._tokens < 1.0:
+            if not self._bucket.take():
                 self.rate_limited += 1
                 break  # the rest waits for the next tick, in time order
-            self._tokens -= 1.0
             self._mark(rid)
             out.append(r)
         return out

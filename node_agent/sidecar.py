@@ -368,30 +368,31 @@ class Sidecar:
         pending = (s.tiering or {}).get("pending_reloads") or []
         return self.reloads.due(now_s, pending) if pending else []
 
-    async def _reload(self, r: dict[str, Any]) -> None:
-        body = reload_body(self.model_name, r)
-        self.reload_warmups["issued"] += 1
+    async def _send_warmup(self, body: dict[str, Any], counts: dict[str, int],
+                           what: str) -> bool:
+        """POST one warm-up to the engine, counted in ``counts`` (``issued``, ``failed``);
+        a failure is logged, never raised."""
+        counts["issued"] += 1
         try:
             resp = await self._client.post(self.cfg.engine_url + "/v1/completions", json=body,
                                            timeout=self.cfg.request_timeout_s)
             resp.raise_for_status()
         except Exception as exc:  # noqa: BLE001
-            self.reload_warmups["failed"] += 1
-            log.warning("reload warm-up for session %s failed: %s", r.get("session"), exc)
-            return
-        log.debug("reloaded session %s (%d tokens)", r.get("session"), len(r["token_ids"]))
+            counts["failed"] += 1
+            log.warning("%s failed: %s", what, exc)
+            return False
+        return True
+
+    async def _reload(self, r: dict[str, Any]) -> None:
+        if await self._send_warmup(reload_body(self.model_name, r), self.reload_warmups,
+                                   f"reload warm-up for session {r.get('session')}"):
+            log.debug("reloaded session %s (%d tokens)", r.get("session"),
+                      len(r["token_ids"]))
 
     async def _warm(self, agent: str, token_ids: list[int], key: int, hint: str | None) -> None:
         body = {"model": self.model_name, "prompt": token_ids, "max_tokens": 1,
                 "vllm_xargs": {"anchorage.warmup": 1, "anchorage.agent": hint or agent}}
-        self.warmups["issued"] += 1
-        try:
-            r = await self._client.post(self.cfg.engine_url + "/v1/completions", json=body,
-                                        timeout=self.cfg.request_timeout_s)
-            r.raise_for_status()
-        except Exception as exc:  # noqa: BLE001
-            self.warmups["failed"] += 1
-            log.warning("warm-up for %s failed: %s", agent, exc)
+        if not await self._send_warmup(body, self.warmups, f"warm-up for {agent}"):
             return
         self.ledger.add(agent, key, time.time())
         log.debug("warmed %s (%d tokens)", agent, len(token_ids))
