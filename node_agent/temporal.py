@@ -220,8 +220,7 @@ def plan_offload(stall_s: float, session_blocks: int, free_session_blocks: int,
     held = max(0, cap - reading.free_blocks)
     waiting = UNKNOWN_QUEUE if reading.waiting is None else tuple(reading.waiting)
     queued = 0 if reading.waiting is None else sum(d for d, _ in waiting)
-    offload_s = params.transfer_s(session_blocks, bb)
-    reload_s = params.transfer_s(session_blocks, bb)
+    offload_s = reload_s = params.transfer_s(session_blocks, bb)  # the same link each way
     inp = GateInput(
         stall_s=stall_s, offload_s=offload_s, reload_s=reload_s,
         gpu_usage=min(1.0, (held + queued) / cap),
@@ -518,7 +517,8 @@ class TemporalTiering(EngineTiering):
         view = self.pool
         keys, ids = self.session_blocks(ctx)
         ref = view.ref_cnt
-        free = [b for b in ids if ref[b] == 0]
+        pairs = [(b, k) for b, k in zip(ids, keys) if ref[b] == 0]  # free: evictable
+        free = [b for b, _ in pairs]
         reading = PoolReading(view.capacity_blocks, view.num_free_blocks,
                               int(getattr(view, "bytes_per_block", 0) or 0),
                               view.waiting_demand())
@@ -532,7 +532,6 @@ class TemporalTiering(EngineTiering):
             return
         st = self.temporal.stalls.get(ctx.session_id)
         if st is not None and st.action == "hold" and st.hold_until is not None:
-            pairs = [(b, k) for b, k in zip(ids, keys) if ref[b] == 0]
             self.hold(reversed(free), st.hold_until)
             st.held = tuple(pairs)
 
