@@ -231,16 +231,16 @@ def policy() -> gd.Dashboard:
         "tiering (empty while tiering is off).",
         [Q(f"sum by (agent) (anchorage_tiering_reserved_blocks{{{M}}})", "{{agent}}")], lo=0))
     d = d.with_panel(timeseries(
-        "Offloads and reloads", "Offload gate decisions and reloads by outcome per second. "
-        "Only an engine that offloads to host memory emits these (none does yet; the CPU "
-        "build has no host tier).",
+        "Offloads and reloads", "Offload gate decisions (and the actions of "
+        "rejected stalls) and reloads by outcome per second; only with ANCHORAGE_TIERING="
+        "temporal (on the CPU build a reload recomputes: it has no host tier).",
         [Q(f"sum by (decision) (rate(anchorage_tiering_offloads_total{{{M}}}[{RI}]))",
            "offload {{decision}}"),
          Q(f"sum by (outcome) (rate(anchorage_tiering_reloads_total{{{M}}}[{RI}]))",
            "reload {{outcome}}")], lo=0))
     d = d.with_panel(timeseries(
-        "KV bytes moved to and from host", "d2h: offloads, h2d: reloads (as above: only "
-        "from an engine that offloads).",
+        "KV bytes moved to and from host", "d2h: offloads, h2d: reloads, estimated as "
+        "blocks x bytes per block (only with ANCHORAGE_TIERING=temporal).",
         [Q(f"sum by (direction) (rate(anchorage_tiering_bytes_total{{{M}}}[{RI}]))",
            "{{direction}}")], unit="Bps", lo=0))
     d = d.with_row(gd.Row("Overhead and configuration"))
