@@ -789,12 +789,7 @@ class GroupEvictionPolicy(EvictionPolicy):
                 if T is None:
                     mult = 1.0 / max(self._return_probability(sess, now), 0.02)
             if trans and g.agent is not None and T != INF:
-                cur = sess.agent
-                p = None
-                if cur is not None and cur != g.agent.fp:
-                    p, steps = self.trans.reach_fast(cur, g.agent.fp)
-                elif cur is not None:
-                    p, steps = self._stay(sess)
+                p, steps = self._thread_reach(sess, g.agent.fp)
                 if p is not None:
                     p = max(p, 0.02)
                     p_use = p
@@ -828,6 +823,17 @@ class GroupEvictionPolicy(EvictionPolicy):
         # first) ahead of all of them for eviction until the next re-scoring
         g.K = None if T is None else self._epoch + T
         g.mult, g.add = mult, add
+
+    def _thread_reach(self, sess: Session, fp: Hashable) -> tuple[float | None, float]:
+        """(P(the session calls agent ``fp`` within two steps), expected steps given
+        that), or (None, 1): unknown. Another agent's thread: the learned reach from the
+        session's current agent; the current agent's own thread: ``_stay``."""
+        cur = sess.agent
+        if cur is None:
+            return None, 1.0
+        if cur != fp:
+            return self.trans.reach_fast(cur, fp)
+        return self._stay(sess)
 
     def _thread_survival(self, sess: Session, now: float) -> float:
         """P(the session's next request comes within ``horizon_s`` | idle so far), from the
