@@ -62,9 +62,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from anchorage.policies.base import RequestContext  # noqa: E402
-from anchorage.routing import make_router, router_names  # noqa: E402
-from anchorage.routing.base import ReplicaView  # noqa: E402
+from anchorage.policies.base import RequestContext
+from anchorage.routing import make_router, router_names
+from anchorage.routing.base import ReplicaView
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -142,10 +142,10 @@ def serve_overhead(args) -> int:
 
     import httpx
     import ray
-    from ray import serve
-
     from anchorage.router.app import build_app
     from anchorage.router.config import RouterConfig
+    from ray import serve
+
     from tests.router.fake_upstream import FakeUpstream
 
     loop = asyncio.new_event_loop()
@@ -247,8 +247,8 @@ def sim_run(job: tuple) -> dict:
     util = [p["utilization"] for p in res["per_replica"]]
     done = [r for r in sim.completed if r.measured and r.admitted_s is not None]
     done.sort(key=lambda r: (r.admitted_s, r.index))
-    loss = miss_decomposition(((r.ctx.keys, 0 if sim.pooled else r.replica, r.hit_blocks,
-                                r.session) for r in done))
+    loss = miss_decomposition((r.ctx.keys, 0 if sim.pooled else r.replica, r.hit_blocks,
+                                r.session) for r in done)
     return {"topology": topology, "replicas": replicas, "capacity_blocks": capacity,
             "time_scale": scale,
             "rate_rps": len(recs) / span, "router": router, "policy": policy,
@@ -259,6 +259,89 @@ def sim_run(job: tuple) -> dict:
             "requests": res["requests"], "loss": loss,
             "decisions": dict(getattr(sim.router, "decisions", None) or {}),
             "sim_s": time.perf_counter() - t0, "sim_cpu_s": cpu}
+
+
+def bound_run(replicas: int, capacity: int, scale: float, topology: str, label: str,
+              policy_of, router, pooled: bool = False) -> dict:
+    """One simulation with a policy per replica (``policy_of(replica, contexts)``) and a
+    router object: the oracle runs of ``--sim-bound``."""
+    from anchorage.policies.base import RequestContext as Ctx
+    from anchorage.routing.analysis import miss_decomposition
+    from anchorage.sim.cluster import ClusterSim, TimedConfig, build_workload, summarize
+    from anchorage.sim.profiles import get_profile
+    recs, ctxs0 = _sim_trace(replicas, topology)
+    cfg = TimedConfig(get_profile("h200-llama3-8b").with_(block_size=16), replicas=replicas,
+                      mode="open", time_scale=scale, capacity_blocks=capacity)
+    ctxs = [Ctx(**{f: getattr(c, f) for f in c.__slots__}) for c in ctxs0]
+    built = iter(range(replicas))  # ClusterSim builds one policy per replica, in order
+    c0 = time.process_time()
+    sim = ClusterSim(cfg, lambda: policy_of(next(built, 0), ctxs), router, pooled=pooled)
+    sim.run(build_workload(recs, ctxs, cfg))
+    res = summarize(sim, None, label, label)
+    done = sorted((r for r in sim.completed if r.measured and r.admitted_s is not None),
+                  key=lambda r: (r.admitted_s, r.index))
+    loss = miss_decomposition((r.ctx.keys, 0 if pooled else r.replica, r.hit_blocks,
+                               r.session) for r in done)
+    return {"label": label, "topology": topology, "replicas": replicas,
+            "capacity_blocks": capacity, "time_scale": scale,
+            "rate_rps": len(recs) / (recs[-1].timestamp / 1000.0 * scale),
+            "hit_rate": res["hit_rate"], "ttft_p90_s": res["ttft_p90_s"], "loss": loss,
+            "sim_cpu_s": time.process_time() - c0}
+
+
+def sim_bound(args) -> int:
+    """``--sim-bound R:SCALE,...``: how close any eviction policy can bring separate caches
+    to the pooled one, at each size's knee (``anchorage.routing.oracle``): Belady on the
+    pooled cache; ``agent`` with ``--sim-policy`` (its placement recorded); Belady per
+    replica, each knowing only its own future, under that placement replayed."""
+    from anchorage.policies.registry import make_policy
+    from anchorage.routing.oracle import (
+        RecordingRouter,
+        ReplayRouter,
+        replica_future_belady,
+    )
+    pol, cap, topo = args.sim_policy, args.sim_capacity, args.sim_topology
+    out = Path(args.out)
+    data = json.loads(out.read_text()) if out.exists() else {
+        "benchmark": "router_sim_bound", "profile": "h200-llama3-8b", "rows": [],
+        "summary": []}
+    print(f"placement bound, {cap} blocks per replica, {topo} topology, policy {pol}; "
+          f"load average {os.getloadavg()[0]:.1f}", flush=True)
+    for item in args.sim_bound.split(","):
+        n, sc = int(item.split(":")[0]), float(item.split(":")[1])
+        pooled_pol = sim_run((n, cap, sc, "pooled", pol, topo))
+        pooled_pol["label"] = f"pooled/{pol}"
+        pooled_b = bound_run(n, cap, sc, topo, "pooled/belady",
+                             lambda r, c: make_policy("belady", block_size=16, contexts=c),
+                             None, pooled=True)
+        rec = RecordingRouter(make_router("agent"))
+        agent = bound_run(n, cap, sc, topo, f"agent/{pol}",
+                          lambda r, c: make_policy(pol, block_size=16), rec)
+        assign = rec.assignment
+        part_b = bound_run(n, cap, sc, topo, "agent placement/belady (own replica's future)",
+                           lambda r, c, a=assign: replica_future_belady(c, 16, a, r),
+                           ReplayRouter(assign))
+        rows = [pooled_pol, pooled_b, agent, part_b]
+        s = {"replicas": n, "capacity_blocks": cap, "time_scale": sc, "topology": topo,
+             "pooled_policy_hit": pooled_pol["hit_rate"], "pooled_belady_hit": pooled_b["hit_rate"],
+             "agent_hit": agent["hit_rate"], "partitioned_belady_hit": part_b["hit_rate"],
+             "partitioned_over_pooled_belady": part_b["hit_rate"] / pooled_b["hit_rate"],
+             "partitioned_belady_over_pooled_policy": part_b["hit_rate"] / pooled_pol["hit_rate"],
+             "agent_over_pooled_policy": agent["hit_rate"] / pooled_pol["hit_rate"]}
+        for r in rows:
+            print(f"  {n} replicas {r['label']:<48}{r['hit_rate']:>8.1%}  TTFT p90 "
+                  f"{r['ttft_p90_s']:.2f} s", flush=True)
+        print(f"  partitioned belady / pooled belady {s['partitioned_over_pooled_belady']:.1%}; "
+              f"/ pooled {pol} {s['partitioned_belady_over_pooled_policy']:.1%}", flush=True)
+        key = (n, cap, sc, topo)
+        data["rows"] = [r for r in data["rows"] if (r["replicas"], r["capacity_blocks"],
+                                                    r["time_scale"], r["topology"]) != key] + rows
+        data["summary"] = [x for x in data["summary"] if (x["replicas"], x["capacity_blocks"],
+                                                          x["time_scale"], x["topology"]) != key]
+        data["summary"].append(s)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(data, indent=1))
+    return 0
 
 
 def _map(fn, jobs: list, n: int) -> list:
@@ -338,6 +421,104 @@ def sim_bench(args) -> int:
     return 0
 
 
+SWEEP_SCALES = (2.5, 2.0, 1.75, 1.5, 1.25, 1.0, 0.85, 0.7, 0.55, 0.45, 0.35)
+
+
+def _cached_run(job: tuple, cache: dict, cache_path: Path | None) -> dict:
+    key = json.dumps(job)
+    if key not in cache:
+        cache[key] = sim_run(job)
+        if cache_path is not None:
+            with cache_path.open("a") as f:
+                f.write(json.dumps({"job": job, "row": cache[key]}) + "\n")
+    return cache[key]
+
+
+def sim_capacity_sweep(args) -> int:
+    """``--sim-capacities``: the knee re-found at each capacity, then agent vs pooled,
+    prefix and round_robin there (see ``sweep_one``)."""
+    from anchorage.sim.profiles import get_profile
+    hw = get_profile("h200-llama3-8b").with_(block_size=16).capacity_blocks
+    caps = sorted({hw if c.strip() == "profile" else int(c) for c in args.sim_capacities.split(",")})
+    sizes = [int(x) for x in args.sim_replicas.split(",")]
+    pol, topo = args.sim_policy, args.sim_topology
+    cache_path = Path(args.sim_cache) if args.sim_cache else None
+    cache: dict = {}
+    if cache_path is not None and cache_path.exists():
+        for line in cache_path.read_text().splitlines():
+            d = json.loads(line)
+            cache[json.dumps(d["job"])] = d["row"]
+    load = os.getloadavg()[0]
+    print(f"capacity sweep, h200-llama3-8b (hardware KV budget {hw} blocks of 16 tokens), "
+          f"{pol} eviction, {topo} topology, open loop; load average {load:.1f}", flush=True)
+    summary, rows = [], []
+    for n in sizes:
+        start = 1
+        for cap in caps:
+            s, used, start = sweep_one(n, cap, pol, topo, start, cache, cache_path)
+            summary.append(s)
+            rows += used
+            print(f"{n} replicas, {cap:>6} blocks: knee {s['knee_rate_rps']:.2f} req/s "
+                  f"(scale {s['knee_time_scale']}); pooled {s['pooled_hit']:.1%} agent "
+                  f"{s['agent_hit']:.1%} ({s['agent_pct_of_pooled']:.1%}) prefix "
+                  f"{s['prefix_hit']:.1%} ({s['agent_minus_prefix_points']:+.1f}) rr "
+                  f"{s['round_robin_hit']:.1%}; TTFT p90 agent/rr "
+                  f"{s['agent_ttft_p90_over_round_robin']:.2f}", flush=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
+        "benchmark": "router_sim_capacity_sweep", "profile": "h200-llama3-8b",
+        "hardware_capacity_blocks": hw, "policy": pol, "capacities": caps,
+        "workload": {"topology": topo, "agents": SIM_AGENTS, "sessions": SIM_SESSIONS,
+                     "concurrency_per_replica": SIM_CONCURRENCY_PER_REPLICA, "seed": 1,
+                     "block_size": 16},
+        "arrivals": "open", "scales": list(SWEEP_SCALES),
+        "knee_rule": "lowest rate with round_robin TTFT p90 > 2x its value at scale 2.5; "
+                     "the search starts at the previous (smaller) capacity's knee",
+        "load_average": load, "summary": summary, "rows": rows}, indent=1))
+    return 0
+
+
+def sweep_one(n: int, cap: int, pol: str, topo: str, start: int, cache: dict,
+              cache_path: Path | None) -> tuple[dict, list, int]:
+    """One (replicas, capacity): round_robin at the lightest scale (the TTFT base), then
+    heavier scales from ``start`` until its TTFT p90 exceeds twice the base (the knee);
+    agent, pooled and prefix at the knee. A larger cache only removes prefill work, so
+    a capacity's knee is never at a lower rate than a smaller capacity's: the search for
+    the next capacity starts at this knee (the scales it skips are not run)."""
+    run = lambda sc, r: _cached_run((n, cap, sc, r, pol, topo), cache, cache_path)
+    base = run(SWEEP_SCALES[0], "round_robin")
+    used = [base]
+    i = max(start, 1)
+    while True:
+        rr = run(SWEEP_SCALES[i], "round_robin")
+        used.append(rr)
+        if rr["ttft_p90_s"] > 2 * base["ttft_p90_s"] or i == len(SWEEP_SCALES) - 1:
+            break
+        i += 1
+    sc = SWEEP_SCALES[i]
+    at = {"round_robin": rr}
+    for r in ("agent", "pooled", "prefix"):
+        at[r] = run(sc, r)
+        used.append(at[r])
+    ref = at["pooled"]["hit_rate"]
+    a = at["agent"]
+    s = {"replicas": n, "capacity_blocks": cap, "knee_time_scale": sc,
+         "knee_rate_rps": a["rate_rps"], "knee_found": rr["ttft_p90_s"] > 2 * base["ttft_p90_s"],
+         "round_robin_base_ttft_p90_s": base["ttft_p90_s"],
+         **{f"{r}_hit": at[r]["hit_rate"] for r in at},
+         **{f"{r}_ttft_p90_s": at[r]["ttft_p90_s"] for r in at},
+         **{f"{r}_loss": {k: at[r]["loss"][k] for k in ("compulsory", "placement", "capacity")}
+            for r in at},
+         "agent_pct_of_pooled": a["hit_rate"] / ref,
+         "agent_minus_prefix_points": 100 * (a["hit_rate"] - at["prefix"]["hit_rate"]),
+         "agent_ttft_p90_over_round_robin": a["ttft_p90_s"] / rr["ttft_p90_s"]}
+    s["targets_met"] = {"pct_of_pooled>=95": s["agent_pct_of_pooled"] >= 0.95,
+                        "vs_prefix>=+10": s["agent_minus_prefix_points"] >= 10,
+                        "ttft_p90<=half_rr": s["agent_ttft_p90_over_round_robin"] <= 0.5}
+    return s, used, i
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sessions", type=int, default=10_000)
@@ -359,11 +540,27 @@ def main() -> int:
     ap.add_argument("--sim-topology", default="random",
                     help="generated workload topology (random, selector, pipeline, ...)")
     ap.add_argument("--jobs", type=int, default=1, help="--sim: parallel simulations")
+    ap.add_argument("--sim-capacities", default="",
+                    help="--sim: capacity sweep instead (KV blocks per replica, comma list; "
+                         "'profile' = the hardware's budget), the knee re-found at each")
+    ap.add_argument("--sim-bound", default="",
+                    help="--sim: the Belady placement bound instead, at REPLICAS:SCALE,... "
+                         "(--sim-capacity blocks) -> bench/results/router_sim_bound.json")
+    ap.add_argument("--sim-cache", default="",
+                    help="--sim-capacities: JSON-lines file of finished runs (resume)")
     args = ap.parse_args()
     if args.sim:
         from anchorage.trace.generate import TOPOLOGIES
         if args.sim_topology not in TOPOLOGIES:
             ap.error(f"--sim-topology must be one of {', '.join(TOPOLOGIES)}")
+        if args.sim_bound:
+            if args.out == "bench/results/router.json":
+                args.out = "bench/results/router_sim_bound.json"
+            return sim_bound(args)
+        if args.sim_capacities:
+            if args.out == "bench/results/router.json":
+                args.out = f"bench/results/router_sim_capacity_{args.sim_topology}.json"
+            return sim_capacity_sweep(args)
         if args.out == "bench/results/router.json":
             args.out = ("bench/results/router_sim.json" if args.sim_topology == "random"
                         else f"bench/results/router_sim_{args.sim_topology}.json")

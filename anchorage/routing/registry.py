@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from anchorage.routing.base import Router
 
 _ROUTERS: dict[str, Callable[..., Router]] = {}
 _NOT_ROUTERS = {"base", "registry", "events", "keys", "load", "prefix_index", "metadata",
-                "vllm_events", "analysis"}
+                "vllm_events", "analysis", "oracle"}
 
 
 def _load() -> None:
