@@ -22,13 +22,18 @@ until the last session start).
   new blocks first, aged) instead of first-come-first-served, for every policy.
 - ``--output-scale s`` multiplies every request's output length (at least 1 token):
   agentic turns whose output is a short tool call are prefill-heavy.
+- ``--tool-gaps weka`` maps the generated tool durations onto the real WEKA Claude Code
+  tool-gap distribution (rank-based quantile mapping, ``anchorage.sim.gaps``: median 8 s,
+  p90 68 s instead of the generator's sub-second medians; the order of gaps, hence what
+  ``tool_name``/``tool_args`` predict, is kept). ``generator`` (default) keeps them.
 
 Usage::
 
     .venv/bin/python bench/bench_timed.py [--quick] [--policies lru,arc,...]
         [--slots 16,32,64,128,256] [--sessions-per-slot 3] [--jobs 2]
         [--topology selector] [--seeds 1,2,3] [--output-scale 1]
-        [--capacity-blocks 8192] [--out bench/results/timed.json]
+        [--capacity-blocks 8192] [--tool-gaps generator|weka]
+        [--out bench/results/timed.json]
 
 Runs are deterministic for a seed; a policy that raises is reported as an error row.
 """
@@ -50,6 +55,7 @@ sys.path.insert(0, str(ROOT))
 
 from anchorage.policies.registry import policy_names  # noqa: E402
 from anchorage.sim.cluster import TimedConfig, run_timed  # noqa: E402
+from anchorage.sim.gaps import TOOL_GAPS, match_tool_gaps  # noqa: E402
 from anchorage.sim.profiles import get_profile  # noqa: E402
 from anchorage.sim.replay import make_contexts  # noqa: E402
 
@@ -59,8 +65,8 @@ _WL: dict = {}
 
 
 def workload(topology: str, sessions: int, seed: int, concurrency: float,
-             output_scale: float = 1.0):
-    key = (topology, sessions, seed, concurrency, output_scale)
+             output_scale: float = 1.0, tool_gaps: str = "generator"):
+    key = (topology, sessions, seed, concurrency, output_scale, tool_gaps)
     if key not in _WL:
         from anchorage.trace.generate import generate
         _, recs = generate(topology, 6, sessions, seed, concurrency=concurrency)
@@ -68,13 +74,15 @@ def workload(topology: str, sessions: int, seed: int, concurrency: float,
             recs = [dataclasses.replace(
                 r, output_length=max(1, int(round(r.output_length * output_scale))))
                 for r in recs]
+        if TOOL_GAPS[tool_gaps] is not None:
+            recs = match_tool_gaps(recs, TOOL_GAPS[tool_gaps])
         _WL[key] = (recs, make_contexts(recs))
     return _WL[key]
 
 
 def one_run(job: dict) -> dict:
     recs, ctxs = workload(job["topology"], job["sessions"], job["seed"], job["concurrency"],
-                          job.get("output_scale", 1.0))
+                          job.get("output_scale", 1.0), job.get("tool_gaps", "generator"))
     cfg = TimedConfig(get_profile(job["profile"]), replicas=job["replicas"], mode="closed",
                       time_scale=1e-3, max_sessions=job["slots"], warmup_frac=0.2,
                       capacity_blocks=job["capacity_blocks"],
@@ -113,6 +121,9 @@ def main() -> int:
                          "Llama-3-8B KV; 0 = the profile's whole memory)")
     ap.add_argument("--admission", default="fcfs", choices=["fcfs", "prefix-aware"],
                     help="replica admission order (prefix-aware: anchorage's scheduler)")
+    ap.add_argument("--tool-gaps", default="generator", choices=sorted(TOOL_GAPS),
+                    help="tool-gap distribution: the generator's own, or mapped onto the "
+                         "real WEKA Claude Code gaps (anchorage.sim.gaps)")
     ap.add_argument("--jobs", type=int, default=1, help="parallel worker processes")
     ap.add_argument("--quick", action="store_true", help="3 light loads, fewer sessions")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "timed.json"))
@@ -142,7 +153,7 @@ def main() -> int:
                  sessions=max(args.min_sessions, int(round(args.sessions_per_slot * n))),
                  seed=seed, concurrency=args.concurrency, replicas=args.replicas,
                  router=args.router, profile=args.profile, output_scale=args.output_scale,
-                 admission=args.admission,
+                 admission=args.admission, tool_gaps=args.tool_gaps,
                  capacity_blocks=args.capacity_blocks or None)
             for seed in seeds for n in scales for p in policies]
     t0 = time.perf_counter()
@@ -168,6 +179,7 @@ def main() -> int:
         "router": args.router, "topology": args.topology,
         "sessions_per_slot": args.sessions_per_slot, "min_sessions": args.min_sessions,
         "seeds": seeds, "output_scale": args.output_scale, "admission": args.admission,
+        "tool_gaps": args.tool_gaps,
         "concurrency": args.concurrency, "slots": scales,
         "machine": platform.node(), "load_avg_start": load_avg,
         "wall_s": time.perf_counter() - t0,
@@ -285,7 +297,8 @@ def format_table(summary: dict, args) -> str:
     lines = [f"timed: {args.replicas} x {args.profile}, {args.router}, {args.topology} "
              f"closed-loop, {args.admission} admission, "
              f"{args.capacity_blocks or 'all'} blocks/replica, output x "
-             f"{args.output_scale:g}, seeds {args.seeds if args.seed is None else args.seed} "
+             f"{args.output_scale:g}, {args.tool_gaps} tool gaps, "
+             f"seeds {args.seeds if args.seed is None else args.seed} "
              f"(means); near saturation = N {sat} concurrent sessions "
              f"(columns at N {sat}; peak over N = {args.slots})", head,
              "-" * len(head)]

@@ -1,0 +1,111 @@
+"""anchorage.sim.gaps: tool-gap quantiles, rank-based mapping onto the WEKA distribution,
+and bench_timed.py --tool-gaps."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import subprocess
+import sys
+
+import pytest
+
+from anchorage.sim.gaps import (TOOL_GAPS, WEKA_CUTOFF_MS, WEKA_TOOL_GAP_MS, match_tool_gaps,
+                                tool_gap_quantiles)
+from anchorage.trace.format import TraceRecord
+from tests.conftest import REPO, shared_trace
+
+
+def recs(durations):
+    out = []
+    for i, d in enumerate(durations):
+        out.append(TraceRecord(timestamp=float(i), hash_ids=[i], output_length=5, input_length=16,
+                               session_id=f"s{i % 3}", tool_name=None if d is None else "grep",
+                               tool_args=None if d is None else {"path": str(i)},
+                               tool_duration_ms=d))
+    return out
+
+
+def test_mapping_keeps_order_and_other_fields():
+    rng = random.Random(1)
+    durs = [None if rng.random() < 0.3 else round(rng.lognormvariate(4, 2), 1)
+            for _ in range(400)]
+    before = recs(durs)
+    after = match_tool_gaps(before, WEKA_TOOL_GAP_MS)
+    assert [r.tool_duration_ms for r in before] == durs  # input untouched
+    for a, b in zip(before, after):
+        assert (a.tool_duration_ms is None) == (b.tool_duration_ms is None)
+        assert (a.hash_ids, a.session_id, a.tool_name, a.tool_args, a.timestamp) == \
+            (b.hash_ids, b.session_id, b.tool_name, b.tool_args, b.timestamp)
+    pairs = [(a.tool_duration_ms, b.tool_duration_ms) for a, b in zip(before, after)
+             if a.tool_duration_ms is not None]
+    src = sorted(pairs)
+    assert [m for _, m in src] == sorted(m for _, m in src)  # monotone: order kept
+
+
+def test_mapping_gives_the_target_distribution():
+    durs = [float(i % 97) * 3.0 + 1.0 for i in range(2000)]  # any source distribution
+    after = match_tool_gaps(recs(durs), WEKA_TOOL_GAP_MS)
+    got = tool_gap_quantiles(after)
+    for p in (10, 25, 50, 75, 90):
+        assert got[p] == pytest.approx(WEKA_TOOL_GAP_MS[p], rel=0.05, abs=100), p
+    assert min(r.tool_duration_ms for r in after) >= WEKA_TOOL_GAP_MS[0]
+    assert max(r.tool_duration_ms for r in after) <= WEKA_TOOL_GAP_MS[-1]
+
+
+def test_quantiles_and_bad_input():
+    q = tool_gap_quantiles(recs([4.0, None, 1.0, 3.0, 2.0, 1e9]), points=4, cutoff_ms=10)
+    assert q == pytest.approx([1.0, 2.0, 3.0, 4.0])
+    with pytest.raises(ValueError, match="no tool gaps"):
+        tool_gap_quantiles(recs([None, None]))
+    with pytest.raises(ValueError, match="points"):
+        tool_gap_quantiles(recs([1.0]), points=1)
+    with pytest.raises(ValueError, match="non-decreasing"):
+        match_tool_gaps(recs([1.0]), [0, 5, 3])
+    with pytest.raises(ValueError, match="at least 2"):
+        match_tool_gaps(recs([1.0]), [5])
+    assert match_tool_gaps(recs([None]), [0, 1])[0].tool_duration_ms is None
+    assert set(TOOL_GAPS) == {"generator", "weka"} and TOOL_GAPS["generator"] is None
+
+
+def test_weka_table_matches_the_real_traces():
+    """A fixed sample (every 8th session, through the WEKA converter) has the table's
+    shape; the full table is reproduced by the command in anchorage.sim.gaps (~1 min)."""
+    src = shared_trace("weka_claude_code/traces")
+    from anchorage.trace.convert.common import load_json
+    from anchorage.trace.convert.weka import convert_session, session_files
+    next_id = [0]
+    records = [r for f in session_files(str(src))[::8]
+               for r in convert_session(f, load_json(f), next_id)]
+    got = tool_gap_quantiles(records, cutoff_ms=WEKA_CUTOFF_MS)
+    for p in (25, 50, 75, 90):
+        assert got[p] == pytest.approx(WEKA_TOOL_GAP_MS[p], rel=0.3), p
+    assert got[50] >= 5000  # seconds, where the generator's median is under one
+
+
+def _bench_timed():
+    spec = importlib.util.spec_from_file_location("bench_timed", REPO / "bench/bench_timed.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_bench_workload_with_weka_gaps():
+    bt = _bench_timed()
+    gen, _ = bt.workload("selector", 30, 1, 64.0)
+    weka, ctxs = bt.workload("selector", 30, 1, 64.0, tool_gaps="weka")
+    assert len(ctxs) == len(weka) == len(gen)
+    assert [r.tool_name for r in gen] == [r.tool_name for r in weka]
+    g = [r.tool_duration_ms for r in gen if r.tool_duration_ms is not None]
+    w = [r.tool_duration_ms for r in weka if r.tool_duration_ms is not None]
+    order = sorted(range(len(g)), key=lambda i: (g[i], i))
+    assert all(w[a] <= w[b] for a, b in zip(order, order[1:]))  # same order of gaps
+    assert sorted(w)[len(w) // 2] > 10 * sorted(g)[len(g) // 2]  # seconds, not ms
+
+
+def test_bench_rejects_unknown_tool_gaps():
+    p = subprocess.run([sys.executable, str(REPO / "bench/bench_timed.py"), "--tool-gaps",
+                        "nope", "--policies", "lru"], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 2
+    assert "--tool-gaps" in p.stderr and "Traceback" not in p.stderr
