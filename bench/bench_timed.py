@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 
 from anchorage.policies.registry import policy_names  # noqa: E402
 from anchorage.sim.cluster import TimedConfig, run_timed  # noqa: E402
-from anchorage.sim.gaps import TOOL_GAPS, match_tool_gaps  # noqa: E402
+from anchorage.sim.gaps import TOOL_GAPS, closed_loop_gaps_s, match_tool_gaps  # noqa: E402
 from anchorage.sim.profiles import get_profile  # noqa: E402
 from anchorage.sim.replay import make_contexts  # noqa: E402
 
@@ -87,10 +87,13 @@ def one_run(job: dict) -> dict:
                       time_scale=1e-3, max_sessions=job["slots"], warmup_frac=0.2,
                       capacity_blocks=job["capacity_blocks"],
                       admission=job.get("admission", "fcfs"))
+    params = None
+    if job["policy"] == "cachewise-oracle":  # true gaps on the simulator's clock
+        params = {"next_gap_s": closed_loop_gaps_s(recs, cfg.think_s)}
     t0 = time.perf_counter()
     c0 = time.process_time()
     try:
-        res = run_timed(recs, ctxs, cfg, job["policy"], job["router"])
+        res = run_timed(recs, ctxs, cfg, job["policy"], job["router"], policy_params=params)
     except Exception as exc:  # a policy that crashes is reported, not fatal
         return {**job, "error": f"{type(exc).__name__}: {exc}"}
     return {**job, **res, "wall_s": time.perf_counter() - t0,

@@ -21,7 +21,12 @@ as in the paper (section 5.3). Anchors and agent transitions are not used (that 
 
 ``cachewise-oracle`` (offline, simulator only, a reference like the paper's CacheWise*):
 the same policy, but a session's wait is the true time until its next request, read from
-the replay (``T = t_next - now``, inf if the session never returns).
+the replay (``T = t_next - now``, inf if the session never returns). ``t_next`` is on the
+trace's clock, which is the policy clock only in sequential replay. In the timed
+simulator's closed loop a session's next request arrives a known gap after its previous
+one completes, on the simulator's clock: given ``next_gap_s`` (per ``seq``: that gap in
+seconds, inf when the session ends), ``T = last_done + next_gap_s[last] - now`` (exact
+arrival; admission may come later).
 """
 
 from __future__ import annotations
@@ -62,8 +67,12 @@ class CacheWiseOraclePolicy(CacheWisePolicy):
     offline = True
 
     def __init__(self, contexts: Sequence[RequestContext], block_size: int = 16,
-                 **params: Any):
+                 next_gap_s: Sequence[float] | None = None, **params: Any):
         super().__init__(block_size=block_size, **params)
+        if next_gap_s is not None and len(next_gap_s) != len(contexts):
+            raise ValueError(f"next_gap_s has {len(next_gap_s)} entries for "
+                             f"{len(contexts)} requests")
+        self._gap_s = None if next_gap_s is None else [float(g) for g in next_gap_s]
         nxt: dict[Any, float] = {}
         self._next_s = [math.inf] * len(contexts)
         for c in reversed(contexts):
@@ -77,6 +86,8 @@ class CacheWiseOraclePolicy(CacheWisePolicy):
     def _session_wait(self, sess: Session, now: float) -> float | None:
         if sess.last_seq < 0 or sess.last_seq >= len(self._next_s):
             return None
+        if self._gap_s is not None:  # closed loop: completion + the known gap
+            return max(0.0, sess.last_s + self._gap_s[sess.last_seq] - now)
         return max(0.0, self._next_s[sess.last_seq] - now)
 
 

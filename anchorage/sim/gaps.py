@@ -30,6 +30,8 @@ the tool itself take seconds even for a file read.
   ``tool_args`` stay as predictive of the relative gap as before, while the marginal
   distribution becomes the target's. Records without a tool gap, and every other field,
   are unchanged; the input is not modified. ValueError on an empty or decreasing table.
+- ``closed_loop_gaps_s(records, think_s=0.3)``: each request's true gap to its session's
+  next request in the timed closed loop (the oracle's ``next_gap_s``).
 - ``TOOL_GAPS``: named targets for the benchmarks: ``generator`` (None: keep the
   workload's own gaps) and ``weka``.
 """
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from collections.abc import Sequence
 
 from anchorage.trace.format import TraceRecord
@@ -89,4 +92,23 @@ def match_tool_gaps(records: Sequence[TraceRecord],
     for k, i in enumerate(idx):
         d = round(_quantile(qs, (k + 0.5) / n), 1)
         out[i] = dataclasses.replace(records[i], tool_duration_ms=d)
+    return out
+
+
+def closed_loop_gaps_s(records: Sequence[TraceRecord], think_s: float = 0.3) -> list[float]:
+    """Per record (index = ``RequestContext.seq``): how long after it completes its
+    session's next request arrives in the timed simulator's closed loop
+    (``cluster.build_workload``): its ``tool_duration_ms`` in seconds, else ``think_s``;
+    inf for a session's last request and for requests without a session. This is the
+    ground truth ``cachewise-oracle`` takes as ``next_gap_s`` in the timed simulator."""
+    out = [math.inf] * len(records)
+    by_session: dict[str, list[int]] = {}
+    for i, r in enumerate(records):
+        if r.session_id is not None:
+            by_session.setdefault(r.session_id, []).append(i)
+    for idx in by_session.values():
+        idx.sort(key=lambda j: (records[j].timestamp, j))
+        for a in idx[:-1]:
+            d = records[a].tool_duration_ms
+            out[a] = d / 1000.0 if d is not None else think_s
     return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import math
 import random
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from anchorage.sim.gaps import (
     TOOL_GAPS,
     WEKA_CUTOFF_MS,
     WEKA_TOOL_GAP_MS,
+    closed_loop_gaps_s,
     match_tool_gaps,
     tool_gap_quantiles,
 )
@@ -115,3 +117,31 @@ def test_bench_rejects_unknown_tool_gaps():
                        timeout=120)
     assert p.returncode == 2
     assert "--tool-gaps" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_closed_loop_gaps_follow_the_workload():
+    rs = recs([1500.0, None, 250.0, None, 40.0, 7.0])  # sessions s0: 0,3  s1: 1,4  s2: 2,5
+    rs.append(TraceRecord(timestamp=9.0, hash_ids=[9], output_length=1, input_length=16))
+    gaps = closed_loop_gaps_s(rs, think_s=0.5)
+    assert gaps == [1.5, 0.5, 0.25, math.inf, math.inf, math.inf, math.inf]
+
+
+def test_cachewise_oracle_waits_on_the_simulator_clock():
+    from types import SimpleNamespace
+
+    from anchorage.policies.registry import make_policy
+    from anchorage.sim.replay import make_contexts
+    rs = recs([1500.0, None, 250.0, None, 40.0, 7.0])
+    ctxs = make_contexts(rs)
+    gaps = closed_loop_gaps_s(rs)
+    p = make_policy("cachewise-oracle", contexts=ctxs, next_gap_s=gaps)
+    sess = SimpleNamespace(last_seq=0, last_s=100.0, ended=False, n=1)
+    assert p._session_wait(sess, 100.5) == pytest.approx(1.0)  # done at 100 s + 1.5 s
+    assert p._session_wait(sess, 200.0) == 0.0
+    sess.last_seq = 3  # the session's last request: never back
+    assert p._session_wait(sess, 100.0) == math.inf
+    trace_clock = make_policy("cachewise-oracle", contexts=ctxs)  # sequential replay
+    sess.last_seq = 0
+    assert trace_clock._session_wait(sess, 0.0) == pytest.approx(ctxs[3].now_s)
+    with pytest.raises(ValueError, match="next_gap_s"):
+        make_policy("cachewise-oracle", contexts=ctxs, next_gap_s=gaps[:-1])
