@@ -113,7 +113,7 @@ from typing import Any
 from anchorage.node_agent.tiering import EngineTiering
 
 from anchorage.policies.base import EvictionPolicy, RequestContext
-from anchorage.tiering.forecast import StallForecaster
+from anchorage.tiering.forecast import IdleEstimate, StallForecaster
 from anchorage.tiering.temporal import (
     Decision,
     GateInput,
@@ -146,22 +146,18 @@ def kv_block_bytes(kv_cache_config: Any) -> int:
 
 
 @dataclass(frozen=True)
-class TemporalParams:
+class TemporalParams(IdleEstimate):
     host_bytes: int
     link_gbs: float = 25.0
     latency_s: float = 50e-6
     gate: GateParams = field(default_factory=GateParams)
     horizon_s: float = 600.0
     max_sessions: int = 4096
-    default_stall_s: float = 1.0
-    queue_wait: bool = True
-    wait_ewma: float = 0.2
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.host_bytes <= 0:
             raise ValueError("host_bytes must be > 0")
-        if not 0 < self.wait_ewma <= 1:
-            raise ValueError("wait_ewma must be in (0, 1]")
         if not self.link_gbs > 0 or self.latency_s < 0 or not self.horizon_s > 0:
             raise ValueError("link_gbs and horizon_s must be > 0, latency_s >= 0")
 
@@ -277,7 +273,7 @@ class TemporalController:
 
     def __init__(self, params: TemporalParams, forecaster: StallForecaster | None = None):
         self.params = params
-        self.forecast = forecaster or StallForecaster(default_s=params.default_stall_s)
+        self.forecast = forecaster or params.forecaster()
         self.stalls: OrderedDict[str, Stall] = OrderedDict()
         self.last_move: OrderedDict[str, float] = OrderedDict()
         self.host_used = 0            # blocks of offloaded sessions not back yet
@@ -297,8 +293,7 @@ class TemporalController:
 
     def admitted(self, wait_s: float) -> None:
         """A request was admitted for the first time ``wait_s`` after its arrival."""
-        w = self.params.wait_ewma
-        self.wait_s = (1 - w) * self.wait_s + w * max(0.0, wait_s)
+        self.wait_s = self.params.next_wait(self.wait_s, wait_s)
         self.admissions += 1
 
     def evicted(self, capacity_blocks: int, clock) -> None:
@@ -316,8 +311,7 @@ class TemporalController:
                 0.7 * self.turnover_s + 0.3 * dt)
 
     def predicted_stall(self, tool: Hashable, args: Any) -> float:
-        stall = self.forecast.predict(tool, args)
-        return stall + self.wait_s if self.params.queue_wait else stall
+        return self.params.idle_s(self.forecast.predict(tool, args), self.wait_s)
 
     # -- a turn ends ----------------------------------------------------------------------
 

@@ -13,11 +13,20 @@ EWMA once it has one stall (TokenCake: after the first observed execution); else
 ``default_s`` (default 1 s, the conservative system-wide constant; a user estimate per
 tool may be given in ``estimates``, and it is blended 50/50 with the EWMA once history
 exists, as in TokenCake's forecasting).
+
+``IdleEstimate`` (the one source of these settings for the simulator's ``TieringConfig``
+and the engine's ``TemporalParams``, which both extend it): the idle time of a stalled
+session's KV, ``idle_s(stall, wait)`` = the forecaster's stall plus, with ``queue_wait``
+(default True), the measured admission wait (a returned request's prefix stays free and
+evictable until it is admitted); the wait is an EWMA of arrival-to-admission times,
+``next_wait(wait, waited)`` with weight ``wait_ewma`` (default 0.2, in (0, 1]);
+``forecaster()`` builds the ``StallForecaster`` with ``default_stall_s`` (default 1 s).
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from anchorage.policies.gap_predictor import GapPredictor
@@ -58,3 +67,26 @@ class StallForecaster:
         else:
             base = est if est is not None else self.default_s
         return max(0.0, base - elapsed_s)
+
+
+@dataclass(frozen=True, kw_only=True)
+class IdleEstimate:
+    default_stall_s: float = 1.0
+    queue_wait: bool = True
+    wait_ewma: float = 0.2
+
+    def __post_init__(self) -> None:
+        if not 0 < self.wait_ewma <= 1:
+            raise ValueError("wait_ewma must be in (0, 1]")
+
+    def forecaster(self) -> StallForecaster:
+        return StallForecaster(default_s=self.default_stall_s)
+
+    def next_wait(self, wait_s: float, waited_s: float) -> float:
+        """The admission-wait EWMA after a first admission that waited ``waited_s``."""
+        w = self.wait_ewma
+        return (1 - w) * wait_s + w * max(0.0, waited_s)
+
+    def idle_s(self, stall_s: float, wait_s: float) -> float:
+        """The predicted idle time of a stalled session's KV."""
+        return stall_s + wait_s if self.queue_wait else stall_s

@@ -23,6 +23,12 @@ used keys. ``run(keys, start, limit)`` = how many consecutive keys from ``start`
 (a prefix continued from host memory). Counters: ``stored_blocks``, ``dropped_blocks``.
 A host copy stays after a reload (the next offload of the session then moves only its new
 blocks), as vLLM's CPU offload keeps its copies.
+
+``recompute_s(profile, context_tokens, n_tokens)``: what the alternative to a transfer
+costs, the prefill compute of ``n`` tokens after ``c`` tokens of context, with the FLOPs
+of ``anchorage.sim.costmodel`` (``2 P n + 4 l d n (c + (n + 1) / 2)``) over the devices'
+effective FLOP/s (``g x peak x mfu``): the marginal time they add to a compute-bound
+prefill step (the weights are read once per step whatever it holds).
 """
 
 from __future__ import annotations
@@ -32,6 +38,16 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 GB = 1e9
+
+
+def recompute_s(profile, context_tokens: int, n_tokens: int) -> float:
+    """Prefill compute time of ``n_tokens`` after ``context_tokens`` (seconds)."""
+    if n_tokens <= 0:
+        return 0.0
+    m = profile.model
+    flops = n_tokens * (2.0 * m.params
+                        + 4.0 * m.layers * m.hidden * (context_tokens + (n_tokens + 1) / 2.0))
+    return flops / (profile.devices * profile.peak_flops * profile.mfu)
 
 
 def block_bytes(model, block_size: int) -> int:

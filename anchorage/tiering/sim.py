@@ -18,7 +18,8 @@ prompt's full-block keys, agent, pending tool, when its turn ended.
   for a tool call (the finish reason, which the engine sees; the trace's
   ``tool_name``/``tool_duration_ms`` presence, never the duration), the gate decides
   (always yes in the naive modes) on the predicted idle time: the forecaster's stall plus,
-  with ``queue_wait`` (default), the replica's admission wait (EWMA, weight ``wait_ewma``
+  with ``queue_wait`` (default), the replica's admission wait (``forecast.IdleEstimate``,
+  which ``TieringConfig`` extends: EWMA, weight ``wait_ewma``
   0.2, of arrival-to-admission times of requests admitted for the first time). An offload
   copies the session's GPU blocks not yet in host memory over the device-to-host link;
   when it completes the keys are in host memory and the session's GPU blocks still cached
@@ -76,8 +77,13 @@ from anchorage.policies.base import RequestContext
 from anchorage.policies.transitions import TransitionLearner
 from anchorage.tiering import spatial as sp
 from anchorage.tiering.eviction import TieredEviction
-from anchorage.tiering.forecast import StallForecaster
-from anchorage.tiering.host_tier import HostTier, HostTierConfig, block_bytes
+from anchorage.tiering.forecast import IdleEstimate
+from anchorage.tiering.host_tier import (
+    HostTier,
+    HostTierConfig,
+    block_bytes,
+    recompute_s,
+)
 from anchorage.tiering.temporal import (
     GateInput,
     GateParams,
@@ -85,31 +91,28 @@ from anchorage.tiering.temporal import (
     hold_until_s,
     reload_at_s,
     stall_action,
+    worth_moving,
 )
 
 MODES = ("off", "naive", "naive-incremental", "temporal", "tokencake")
 
 
 @dataclass(frozen=True)
-class TieringConfig:
+class TieringConfig(IdleEstimate):
     mode: str = "tokencake"
     host: HostTierConfig = field(default_factory=HostTierConfig)
     gate: GateParams = field(default_factory=GateParams)
     spatial: sp.SpatialParams = field(default_factory=sp.SpatialParams)
     weights: sp.ScoreWeights = field(default_factory=sp.ScoreWeights)
     spatial_interval_s: float = 0.5
-    default_stall_s: float = 1.0
     max_waiting_scan: int = 32
-    queue_wait: bool = True
-    wait_ewma: float = 0.2
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.mode not in MODES:
             raise ValueError(f"tiering mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if not self.spatial_interval_s > 0:
             raise ValueError("spatial_interval_s must be > 0")
-        if not 0 < self.wait_ewma <= 1:
-            raise ValueError("wait_ewma must be in (0, 1]")
 
 
 def agent_of(ctx: RequestContext) -> Hashable:
@@ -178,7 +181,7 @@ class SimTiering:
         self.host = HostTier(cfg.host, block_bytes(prof.model, self.bs))
         self.bb = self.host.block_bytes
         self.tool_stop = tool_stop
-        self.forecast = StallForecaster(default_s=cfg.default_stall_s)
+        self.forecast = cfg.forecaster()
         self.trans = TransitionLearner()
         self.sessions: dict[Hashable, _Session] = {}
         self._d2h: list = []     # (done_s, seq, session) offloads in flight
@@ -190,6 +193,8 @@ class SimTiering:
         from anchorage.sim.costmodel import step_time_s
         n = prof.max_num_batched_tokens
         self.tokens_per_s = n / step_time_s(prof, [(n, 0)])
+        self.prof = prof
+        self.gated = cfg.mode in ("temporal", "tokencake")  # the naive modes move everything
         # counters
         self.offloads = 0
         self.offload_blocks = 0
@@ -228,6 +233,18 @@ class SimTiering:
                        for _, r in zip(range(self.cfg.max_waiting_scan), self.rep.waiting)]
         held = pool.capacity_blocks - pool.num_free_blocks
         return min(1.0, (held + sum(d for d, _ in waiting)) / pool.capacity_blocks)
+
+    def _recompute_s(self, lo: int, n: int) -> float:
+        """Prefill time of blocks ``[lo, lo + n)`` of a prompt, were they recomputed."""
+        return recompute_s(self.prof, lo * self.bs, n * self.bs)
+
+    def _worth_reload(self, lo: int, n: int) -> bool:
+        """The reload test (``temporal.worth_moving``) for blocks ``[lo, lo + n)``."""
+        if not self.gated or worth_moving(self._recompute_s(lo, n),
+                                          self.host.h2d.duration(n * self.bb), self.cfg.gate):
+            return True
+        self.gate["reload_low_saving"] += 1
+        return False
 
     def _head_demand(self) -> int:
         w = self.rep.waiting
@@ -301,8 +318,7 @@ class SimTiering:
         ready = 0.0
         warm = 0
         if req.preemptions == 0:
-            w = self.cfg.wait_ewma
-            self.wait_s = (1 - w) * self.wait_s + w * max(0.0, now - req.arrival_s)
+            self.wait_s = self.cfg.next_wait(self.wait_s, now - req.arrival_s)
         st = self.sessions.get(req.session) if req.session is not None else None
         if st is not None and st.reload_done_s is not None:
             warm = max(0, min(alloc.hit_blocks, st.reload_hi) - st.reload_lo)
@@ -317,6 +333,8 @@ class SimTiering:
         keys = req.ctx.keys
         limit = min(len(keys), (req.ctx.input_length - 1) // self.bs)
         host = self.host.run(keys, alloc.hit_blocks, limit)
+        if host and not self._worth_reload(alloc.hit_blocks, host):
+            host = 0  # recomputed
         if host:
             done = self.host.h2d.schedule(now, host * self.bb)
             self.reloads += 1
@@ -359,9 +377,7 @@ class SimTiering:
         if self.mode == "naive-incremental":
             self._offload(st, n_gpu, n_new, now, stall_s=math.inf)
             return
-        stall = self.forecast.predict(st.tool, st.args)
-        if self.cfg.queue_wait:
-            stall += self.wait_s
+        stall = self.cfg.idle_s(self.forecast.predict(st.tool, st.args), self.wait_s)
         d2h, h2d = self.host.d2h, self.host.h2d
         pool = self.pool
         waiting = [(max(0, pool.blocks_needed(r.prefill_target)
@@ -378,7 +394,8 @@ class SimTiering:
             freed_blocks=n_gpu,
             free_blocks=pool.num_free_blocks - pool.num_cached_free_blocks,
             waiting=waiting, tokens_per_s=self.tokens_per_s,
-            since_move_s=now - st.last_move_s, criticality=crit)
+            since_move_s=now - st.last_move_s, criticality=crit,
+            recompute_s=self._recompute_s(0, n_gpu))
         dec = decide_offload(inp, self.cfg.gate)
         self.gate[dec.reason] += 1
         act = stall_action(dec, stall, self._survival_s(), self.cfg.gate)
@@ -477,6 +494,8 @@ class SimTiering:
         n_host = self.host.run(keys, n_gpu, len(keys))
         if n_host == 0:
             return  # still on GPU (nothing was evicted) or no longer in host memory
+        if not self._worth_reload(n_gpu, n_host):
+            return  # recomputed at admission, unless the test passes then
         pool = self.pool
         hi = n_gpu + n_host
         # the allocation takes the blocks not on GPU; never those the queue's head needs

@@ -1,7 +1,13 @@
 import pytest
 
 from anchorage.sim.profiles import get_profile
-from anchorage.tiering.host_tier import HostTier, HostTierConfig, Link, block_bytes
+from anchorage.tiering.host_tier import (
+    HostTier,
+    HostTierConfig,
+    Link,
+    block_bytes,
+    recompute_s,
+)
 
 
 def test_block_bytes_from_the_model_profile():
@@ -37,3 +43,17 @@ def test_bad_config():
         HostTierConfig(d2h_bytes_s=0)
     with pytest.raises(ValueError):
         HostTierConfig(capacity_bytes=-1)
+
+
+def test_recompute_time_is_the_prefill_compute_and_grows_with_context():
+    prof = get_profile("h200-llama3-8b")
+    assert recompute_s(prof, 0, 0) == 0.0
+    one = recompute_s(prof, 0, 16)
+    m = prof.model
+    flops = 16 * (2 * m.params + 4 * m.layers * m.hidden * 17 / 2)
+    assert one == pytest.approx(flops / (prof.peak_flops * prof.mfu))
+    # a Llama-3-8B block on an H200 takes over 5x its 25 GB/s transfer time to recompute
+    link = Link(HostTierConfig().h2d_bytes_s).duration(block_bytes(m, 16))
+    assert 5.0 < one / link < 6.0
+    # attention: the same block after 30k tokens of context costs about twice as much
+    assert 1.9 < recompute_s(prof, 30_000, 16) / one < 2.1

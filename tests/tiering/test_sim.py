@@ -126,3 +126,18 @@ def test_the_admission_wait_counts_in_a_stall():
     assert short_b < short_a, (short_a, short_b)
     # short stalls are held on GPU instead (each hold is a short stall with free blocks)
     assert 0 < tool_only["actions"].get("hold", 0) <= short_a
+
+
+def test_a_reload_worth_less_than_its_link_time_is_recomputed():
+    # benefit per byte: with a saving ratio no transfer reaches, nothing is copied or
+    # reloaded, and both tests are counted; at the default (break-even) they pass here
+    from anchorage.tiering.temporal import GateParams
+    recs, ctxs = workload()
+    strict = TieringConfig(mode="tokencake", gate=GateParams(min_saving_ratio=1e9))
+    r = run_tiered(recs, ctxs, cfg(), "hybrid", "session", tiering=strict)
+    assert r["gate"].get("low_saving", 0) > 0
+    assert r["offload_bytes"] == 0 and r["host_hit_blocks"] == 0
+    d = run_tiered(recs, ctxs, cfg(), "hybrid", "session",
+                   tiering=TieringConfig(mode="tokencake"))
+    assert d["bytes_moved"] > 0 and "low_saving" not in d["gate"]
+    assert "reload_low_saving" not in d["gate"]

@@ -12,6 +12,7 @@ from anchorage.tiering.temporal import (
     reload_at_s,
     reload_outcome,
     stall_action,
+    worth_moving,
 )
 
 P = GateParams()
@@ -155,3 +156,29 @@ def test_a_rejected_stall_longer_than_the_cache_keeps_it_is_backed_up(reason):
 
 def test_no_backup_without_host_room():
     assert stall_action(rejected("host_full"), 1e6, 0.0, P) == "keep"
+
+
+def test_rejects_a_reload_worth_less_than_its_link_time():
+    # benefit per byte: the recomputation the reload saves against the reload's link time
+    assert decide_offload(good(recompute_s=0.49), P).reason == "low_saving"
+    assert decide_offload(good(recompute_s=0.5), P).offload  # break-even (ratio 1)
+    strict = GateParams(min_saving_ratio=6.0)
+    assert decide_offload(good(recompute_s=2.9), strict).reason == "low_saving"
+    assert decide_offload(good(recompute_s=3.0), strict).offload
+    # checked after the round trip, before the pressure
+    assert decide_offload(good(recompute_s=0.0, stall_s=0.5), P).reason == "stall_short"
+    assert decide_offload(good(recompute_s=0.0, gpu_usage=0.0), P).reason == "low_saving"
+    # unknown recomputation cost (the default): never rejects
+    assert decide_offload(good(), strict).offload
+    # a rejected low-saving stall is neither held nor backed up
+    d = decide_offload(good(recompute_s=0.0), P)
+    assert stall_action(d, idle_s=100.0, survival_s=1.0, p=P) == "keep"
+
+
+def test_worth_moving_and_its_parameter():
+    assert worth_moving(1.0, 1.0) and not worth_moving(0.99, 1.0)
+    assert worth_moving(6.0, 1.0, GateParams(min_saving_ratio=6.0))
+    assert not worth_moving(5.9, 1.0, GateParams(min_saving_ratio=6.0))
+    for bad in (-1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="min_saving_ratio"):
+            GateParams(min_saving_ratio=bad)
