@@ -61,14 +61,22 @@ Scores (``T`` = expected time to next use from now, in policy-clock seconds):
   one bin (no timing) is no signal. (``no_tool_context=True`` gives "no pending tool" its
   own histogram; measured worse than the global one on generated topologies.) With
   transitions on and ``f`` not the session's current agent: ``T = (T + (steps - 1) * g) / p`` (or ``mult /= p, add = (steps - 1) g /
-  p`` for recency) where ``(p, steps) = reach(cur_s, f)`` (floored at 0.02) and ``g`` the
-  mean session step gap. For the current agent's own thread, once tool metadata exists,
-  ``p = p_stay + (1 - p_stay) * p2`` and ``steps = (p_stay + 2 (1 - p_stay) p2) / p``,
-  where ``p_stay = (C_stay + eps) / (n + 2 eps)`` is the learned probability that a
-  session calls the same agent next given (agent, tool pending?) (after a tool call an
-  agent continues with its result; otherwise the session moves on) and ``p2`` the
-  two-step return probability (at least 8 observations; without tools this measured
-  worse on ChatDev and is off);
+  p`` for recency) where ``(p, steps) = reach_k(cur_s, f)`` (floored at 0.02) and ``g`` the
+  mean session step gap. ``reach_k``: the probability of calling ``f`` within ``k`` steps
+  (before the session ends) and the expected steps given that; ``k = 2``
+  (``TransitionLearner.reach``) unless one cache turnover spans at least 4 step gaps, then
+  ``k = turnover / g`` rounded down to a power of two, at most 32
+  (``TransitionLearner.hit``: a reuse k steps ahead can only be kept if k steps fit in one
+  turnover; a cyclic topology's threads are certain but later than two steps; parameter
+  ``reach_steps``, default ``"turnover"``, or a fixed int >= 2; measured at half-LRU:
+  debate +0.8, pipeline-2 +0.5 points, every other workload within 0.06). For the
+  current agent's own thread, once tool metadata exists, ``p = p_stay + (1 - p_stay) *
+  p2`` and ``steps = (p_stay + s2 (1 - p_stay) p2) / p``, where ``p_stay = (C_stay + eps)
+  / (n + 2 eps)`` is the learned probability that a session calls the same agent next
+  given (agent, tool pending?) (after a tool call an agent continues with its result;
+  otherwise the session moves on), ``p2 = reach_k(f, f) - P(f | f)`` the probability of
+  coming back after leaving and ``s2`` its expected steps (2 when ``k = 2``) (at least 8
+  observations; without tools this measured worse on ChatDev and is off);
 - ``anchor(f)``: shared prefixes always form their own group (scoring a block all
   sessions use by one session's timing is wrong); with anchors on, ``T = min(T_base,
   T_trans)``, ``T_base = min(ia_f, now - last_f)`` (``ia_f``: EWMA, weight 0.05, of the
@@ -269,7 +277,7 @@ class GroupEvictionPolicy(EvictionPolicy):
                  survival_threshold: float = 0.0,
                  horizon_s: float = INF, recency_scale_s: float | None = None,
                  r_min: float = 0.0, prefetch: bool = True,
-                 prefetch_rate_per_s: float = 4.0):
+                 prefetch_rate_per_s: float = 4.0, reach_steps: int | str = "turnover"):
         tuning = check_tuning(survival_threshold=survival_threshold, horizon_s=horizon_s,
                               recency_scale_s=recency_scale_s, r_min=r_min,
                               prefetch=prefetch, prefetch_rate_per_s=prefetch_rate_per_s)
@@ -287,6 +295,11 @@ class GroupEvictionPolicy(EvictionPolicy):
             raise ValueError(
                 f"global_gaps must be auto, wait, survival or off, got {global_gaps!r}")
         self.global_gaps = global_gaps
+        if reach_steps != "turnover" and not (isinstance(reach_steps, int)
+                                              and not isinstance(reach_steps, bool)
+                                              and reach_steps >= 2):
+            raise ValueError(f"reach_steps must be 'turnover' or an int >= 2, got {reach_steps!r}")
+        self.reach_steps = reach_steps
         self.turnover_gap_ratio = turnover_gap_ratio
         self.wait_min_gaps = wait_min_gaps
         self.sig = signals or Signals()
@@ -832,8 +845,29 @@ class GroupEvictionPolicy(EvictionPolicy):
         if cur is None:
             return None, 1.0
         if cur != fp:
-            return self.trans.reach_fast(cur, fp)
+            return self._reach(cur, fp)
         return self._stay(sess)
+
+    def _reach_k(self) -> int:
+        """Steps over which transitions count: ``reach_steps``, or with ``"turnover"`` the
+        steps a session takes in one cache turnover, ``turnover / step_gap`` rounded down to
+        a power of two (few distinct values: the reach tables are memoised per value),
+        capped at 32, once that is at least 4 (else, and until both are measured, 2)."""
+        k = self.reach_steps
+        if k != "turnover":
+            return k
+        g, tv = self.step_gap, self._turnover_s
+        if g <= 0 or tv == INF or tv < 4 * g:
+            return 2
+        return min(32, 1 << (int(tv / g).bit_length() - 1))
+
+    def _reach(self, i: Hashable, j: Hashable) -> tuple[float, float]:
+        """(P(a session at agent ``i`` calls ``j`` within ``_reach_k()`` steps), expected
+        steps given that)."""
+        k = self._reach_k()
+        if k <= 2:
+            return self.trans.reach_fast(i, j)
+        return self.trans.hit_fast(i, j, k)
 
     def _thread_survival(self, sess: Session, now: float) -> float:
         """P(the session's next request comes within ``horizon_s`` | idle so far), from the
@@ -855,10 +889,14 @@ class GroupEvictionPolicy(EvictionPolicy):
         if tot < 8 or not self.gaps.tools_seen:  # without tools: measured worse (ChatDev)
             return None, 1.0
         p1 = (st.count(sess.state, True) + st.eps) / (tot + 2 * st.eps)
-        p_all, _ = self.trans.reach_fast(sess.agent, sess.agent)
-        p2 = max(0.0, p_all - self.trans.prob(sess.agent, sess.agent))
+        p_all, s_all = self._reach(sess.agent, sess.agent)
+        p_one = self.trans.prob(sess.agent, sess.agent)
+        p2 = max(0.0, p_all - p_one)  # back after leaving (2 or more steps)
+        s2 = 2.0
+        if p2 > 0 and self._reach_k() > 2:
+            s2 = max(2.0, (p_all * s_all - p_one) / p2)
         p = p1 + (1.0 - p1) * p2
-        steps = (p1 + 2 * (1.0 - p1) * p2) / p if p > 0 else 2.0
+        steps = (p1 + s2 * (1.0 - p1) * p2) / p if p > 0 else 2.0
         return p, steps
 
     def _session_wait(self, sess: Session, now: float) -> float | None:

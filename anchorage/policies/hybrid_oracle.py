@@ -152,7 +152,7 @@ class HybridOraclePolicy(HybridPolicy):
             if nfp is not None:
                 if nfp == fp:
                     return 1.0, 1.0
-                p, steps = self.trans.reach_fast(nfp, fp)
+                p, steps = self._reach(nfp, fp)
                 return p, steps + 1.0
         return super()._thread_reach(sess, fp)
 
