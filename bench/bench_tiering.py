@@ -28,10 +28,15 @@ bytes moved <= 50 % of naive's (the paper: -47 % and 51 % less swap). Noise stud
 its GPU blocks copied) and back in at the tool's return. ``naive-incremental`` (run at the
 middle rate, for the analysis) copies only blocks host memory lacks, as tokencake does.
 
+``--saving-ratios r1,r2``: the latency/bytes frontier of the benefit-per-byte test, extra
+tokencake runs at the middle rate with ``GateParams(min_saving_ratio=r)`` (a reload must
+save ``r`` times its link time in prefill compute; the default 1 is the break-even);
+reported apart (``frontier`` in the JSON), against the same ``off`` and ``naive`` runs.
+
 Usage::
 
     .venv/bin/python bench/bench_tiering.py [--quick] [--workloads weka,gen]
-        [--jobs 2] [--out bench/results/tiering.json]
+        [--saving-ratios 6,6.5] [--jobs 2] [--out bench/results/tiering.json]
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ from anchorage.sim.profiles import get_profile
 from anchorage.sim.replay import make_contexts
 from anchorage.tiering.host_tier import block_bytes
 from anchorage.tiering.sim import TieringConfig, run_tiered
+from anchorage.tiering.temporal import GateParams
 
 TRACES = Path(os.environ.get("ANCHORAGE_TRACES", "/work/shared/traces"))
 GIB = 1024 ** 3
@@ -120,8 +126,9 @@ def one_run(job: dict) -> dict:
     cfg = TimedConfig(prof, replicas=1, mode="closed", capacity_blocks=cap)
     t0 = time.perf_counter()
     try:
+        gate = GateParams(min_saving_ratio=job.get("saving_ratio") or 1.0)
         res = run_tiered(recs, ctxs, cfg, "hybrid", "session",
-                         tiering=TieringConfig(mode=job["mode"]))
+                         tiering=TieringConfig(mode=job["mode"], gate=gate))
     except Exception as exc:  # reported, not fatal
         return {**job, "error": f"{type(exc).__name__}: {exc}"}
     res.pop("per_replica", None)
@@ -146,6 +153,8 @@ def main() -> int:
     ap.add_argument("--gen-rates", default="1,2,4", help="sessions/s")
     ap.add_argument("--gen-kv-gib", type=float, default=16.0)
     ap.add_argument("--noise", default="0,0.25,0.5")
+    ap.add_argument("--saving-ratios", default="",
+                    help="extra tokencake runs at the middle rate, one per min_saving_ratio")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--quick", action="store_true")
@@ -168,6 +177,9 @@ def main() -> int:
             if rate == rates[len(rates) // 2]:  # the dedup baseline, for the analysis
                 jobs.append(dict(common, rate=rate, mode="naive-incremental", noise=0.0))
         mid = rates[len(rates) // 2]
+        for ratio in [float(x) for x in args.saving_ratios.split(",") if x.strip()]:
+            jobs.append(dict(common, rate=mid, mode="tokencake", noise=0.0,
+                             saving_ratio=ratio))
         for s in [float(x) for x in args.noise.split(",") if float(x) > 0]:
             for mode in ("off", "tokencake"):
                 jobs.append(dict(common, rate=mid, mode=mode, noise=s))
@@ -183,15 +195,19 @@ def main() -> int:
             r = runs[-1]
             print(f"  {j['workload']:<5} rate {j['rate']:<5} noise {j['noise']:<4} "
                   f"{j['mode']:<10} " + (r["error"] if "error" in r else
+                                         f"ratio {j.get('saving_ratio') or 1:g}  "
                                          f"session {r['session_time_mean_s']:.1f}s  "
                                          f"moved {r['bytes_moved'] or 0:.3g} B  "
                                          f"({r['wall_s']:.0f}s)"), flush=True)
     summary = summarize(runs)
     print(format_table(summary))
+    frontier = summarize_frontier(runs)
+    if frontier:
+        print(format_frontier(frontier))
     out = {"bench": "tiering", "profile": "h200-llama3-8b", "policy": "hybrid",
            "router": "session", "replicas": 1, "args": vars(args),
            "machine": platform.node(), "wall_s": time.perf_counter() - t0,
-           "summary": summary, "runs": runs}
+           "summary": summary, "frontier": frontier, "runs": runs}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(clean(out), indent=1) + "\n")
     print(f"wrote {args.out}")
@@ -208,8 +224,44 @@ def clean(x):
     return x
 
 
+def summarize_frontier(runs: list[dict]) -> list[dict]:
+    """The default tokencake run and each ``--saving-ratios`` run against ``off`` and
+    ``naive`` at the same rate (noise 0)."""
+    base = {(r["workload"], r["rate"], r["mode"]): r for r in runs
+            if r["noise"] == 0 and not r.get("saving_ratio") and "error" not in r}
+    extra = [r for r in runs if r.get("saving_ratio") and "error" not in r]
+    rows = []
+    for r in sorted(extra + [base[k] for k in {(x["workload"], x["rate"], "tokencake")
+                                                for x in extra} if k in base],
+                    key=lambda r: (r["workload"], r.get("saving_ratio") or 1.0)):
+        off = base.get((r["workload"], r["rate"], "off"))
+        naive = base.get((r["workload"], r["rate"], "naive"))
+        if off is None or naive is None or not naive["bytes_moved"]:
+            continue
+        rows.append({"workload": r["workload"], "rate": r["rate"],
+                     "min_saving_ratio": r.get("saving_ratio") or 1.0,
+                     "session_s": r["session_time_mean_s"],
+                     "latency_reduction": 1 - r["session_time_mean_s"]
+                     / off["session_time_mean_s"],
+                     "bytes_ratio": r["bytes_moved"] / naive["bytes_moved"],
+                     "host_hit_rate": r["host_hit_rate"], "gate": r["gate"]})
+    return rows
+
+
+def format_frontier(rows: list[dict]) -> str:
+    head = (f"{'workload':<9}{'rate/s':>7}{'ratio':>7}{'session s':>11}{'latency':>9}"
+            f"{'bytes vs naive':>15}{'host hit':>9}")
+    lines = ["benefit-per-byte frontier (tokencake, middle rate):", head]
+    for r in rows:
+        lines.append(f"{r['workload']:<9}{r['rate']:>7}{r['min_saving_ratio']:>7g}"
+                     f"{r['session_s']:>11.1f}{-r['latency_reduction']:>+9.1%}"
+                     f"{r['bytes_ratio']:>15.3f}{r['host_hit_rate']:>9.1%}")
+    return "\n".join(lines)
+
+
 def summarize(runs: list[dict]) -> list[dict]:
-    by = {(r["workload"], r["rate"], r["noise"], r["mode"]): r for r in runs}
+    by = {(r["workload"], r["rate"], r["noise"], r["mode"]): r for r in runs
+          if not r.get("saving_ratio")}
     rows = []
     for (wl, rate, noise, mode), r in sorted(by.items(), key=lambda kv: kv[0][:3]):
         if mode != "tokencake":
