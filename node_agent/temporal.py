@@ -25,7 +25,9 @@ and a session id, the controller:
 1. predicts the stall with ``anchorage.tiering.forecast.StallForecaster`` (learned online
    from this engine's observed gaps: turn end to the session's next real request) plus,
    with ``queue_wait`` (default), the engine's admission wait, as the simulator does: a
-   returned request's prefix stays free and evictable until it is admitted. The wait is an
+   returned request's prefix stays free and evictable until it is admitted (these settings
+   and the EWMA are ``anchorage.tiering.forecast.IdleEstimate``, which ``TemporalParams``
+   extends, as the simulator's ``TieringConfig`` does). The wait is an
    EWMA (weight ``wait_ewma`` 0.2) of arrival-to-admission times of requests admitted for
    the first time: the block-pool driver notes vLLM's ``request.arrival_time`` at the
    request's first admission attempt (not a preempted one's) and calls ``on_admitted(ctx,
