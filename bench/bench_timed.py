@@ -36,6 +36,8 @@ Usage::
         [--out bench/results/timed.json]
 
 Runs are deterministic for a seed; a policy that raises is reported as an error row.
+``--merge a.json,b.json --out c.json`` combines files of one sweep run with different
+``--seeds`` (e.g. one process per seed) into the file one run with all the seeds writes.
 """
 
 from __future__ import annotations
@@ -129,8 +131,14 @@ def main() -> int:
                          "real WEKA Claude Code gaps (anchorage.sim.gaps)")
     ap.add_argument("--jobs", type=int, default=1, help="parallel worker processes")
     ap.add_argument("--quick", action="store_true", help="3 light loads, fewer sessions")
+    ap.add_argument("--merge", default=None,
+                    help="comma-separated result files of the same sweep run with different "
+                         "--seeds (e.g. in parallel): write their combined summary to --out "
+                         "and run nothing")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "timed.json"))
     args = ap.parse_args()
+    if args.merge:
+        return merge([p for p in args.merge.split(",") if p], args.out)
     if args.quick:
         args.slots, args.sessions_per_slot, args.min_sessions = "8,24,48", 2.0, 40
     try:
@@ -195,6 +203,53 @@ def main() -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(clean(out), indent=1) + "\n")
     print(f"wrote {args.out}")
+    return 0
+
+
+_PER_RUN = {"seeds", "wall_s", "cpu_s", "load_avg_start", "machine", "saturation_slots",
+            "policies", "per_seed", "runs", "merged_from"}
+
+
+def merge(paths: list[str], out_path: str) -> int:
+    """Combine result files that differ only in their seeds into one (``--merge``)."""
+    try:
+        docs = [json.loads(Path(p).read_text()) for p in paths]
+    except (OSError, ValueError) as exc:
+        print(f"--merge: cannot read a result file: {exc}", file=sys.stderr)
+        return 2
+    if not docs or any(d.get("bench") != "timed" for d in docs):
+        print("--merge needs bench_timed result files", file=sys.stderr)
+        return 2
+    base = {k: v for k, v in docs[0].items() if k not in _PER_RUN}
+    for p, d in zip(paths, docs):
+        diff = sorted(k for k in set(base) | (set(d) - _PER_RUN) if d.get(k) != base.get(k))
+        if diff:
+            print(f"--merge: {p} differs from {paths[0]} in {diff}", file=sys.stderr)
+            return 2
+    seeds = sorted(s for d in docs for s in d["seeds"])
+    if len(set(seeds)) != len(seeds):
+        print(f"--merge: a seed appears twice ({seeds})", file=sys.stderr)
+        return 2
+    runs = [r for d in docs for r in d["runs"]]
+    policies = list(docs[0]["policies"])
+    scales = base["slots"]
+    summary = summarize_seeds(runs, policies, scales, seeds)
+    view = argparse.Namespace(
+        replicas=base["replicas"], profile=base["profile"], router=base["router"],
+        topology=base["topology"], admission=base["admission"],
+        capacity_blocks=base["capacity_blocks"], output_scale=base["output_scale"],
+        tool_gaps=base.get("tool_gaps", "generator"), seed=None,
+        seeds=",".join(map(str, seeds)), slots=",".join(map(str, scales)))
+    print(format_table(summary, view))
+    out = {**base, "seeds": seeds, "merged_from": paths,
+           "machine": sorted({d.get("machine") for d in docs}),
+           "wall_s": max(d.get("wall_s", 0.0) for d in docs),
+           "cpu_s": sum(d.get("cpu_s", 0.0) for d in docs),
+           "saturation_slots": summary["saturation_scale"],
+           "policies": summary["policies"], "per_seed": summary["per_seed"], "runs": runs}
+    Path(out_path).parent.mkdir(parents=True, exist_ok=True)
+    Path(out_path).write_text(json.dumps(clean(out), indent=1) + "\n")
+    print(f"wrote {out_path}")
     return 0
 
 

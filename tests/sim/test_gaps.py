@@ -145,3 +145,44 @@ def test_cachewise_oracle_waits_on_the_simulator_clock():
     assert trace_clock._session_wait(sess, 0.0) == pytest.approx(ctxs[3].now_s)
     with pytest.raises(ValueError, match="next_gap_s"):
         make_policy("cachewise-oracle", contexts=ctxs, next_gap_s=gaps[:-1])
+
+
+def _doc(seed, capacity=8192):
+    runs = []
+    for p, k in (("lru", 1.0), ("hybrid", 1.1)):
+        for n in (4, 8):
+            r = {"policy": p, "scale": n, "slots": n, "seed": seed,
+                 "throughput_rps": k * n * seed, "ttft_mean_s": 1.0 / k, "ttft_p90_s": 2.0,
+                 "ttft_p99_s": 3.0, "hit_rate": 0.5 * k, "latency_mean_s": 1.0,
+                 "session_time_mean_s": 9.0, "queue_mean_s": 0.1, "preemptions": 0}
+            runs.append(r)
+    return {"bench": "timed", "profile": "h200-llama3-8b", "replicas": 4,
+            "capacity_blocks": capacity, "router": "session", "topology": "selector",
+            "sessions_per_slot": 2, "min_sessions": 100, "seeds": [seed], "output_scale": 0.25,
+            "admission": "fcfs", "tool_gaps": "weka", "concurrency": 64.0, "slots": [4, 8],
+            "machine": "m", "wall_s": 1.0, "cpu_s": 2.0, "policies": {"lru": {}, "hybrid": {}},
+            "per_seed": {}, "saturation_slots": 8, "runs": runs}
+
+
+def test_bench_merge_combines_seed_files(tmp_path, capsys):
+    import json
+    bt = _bench_timed()
+    paths = []
+    for seed in (1, 2):
+        p = tmp_path / f"s{seed}.json"
+        p.write_text(json.dumps(_doc(seed)))
+        paths.append(str(p))
+    out = tmp_path / "all.json"
+    assert bt.merge(paths, str(out)) == 0
+    doc = json.loads(out.read_text())
+    assert doc["seeds"] == [1, 2] and len(doc["runs"]) == 8 and doc["cpu_s"] == 4.0
+    hy = doc["policies"]["hybrid"]
+    assert hy["peak_gain_vs_lru"] == pytest.approx(0.1)
+    assert hy["ttft_reduction_vs_lru"] == pytest.approx(1 - 1 / 1.1)
+    assert hy["spread"]["peak_vs_lru_per_seed"] == pytest.approx([0.1, 0.1])
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(_doc(3, capacity=4096)))
+    assert bt.merge([paths[0], str(bad)], str(tmp_path / "x.json")) == 2
+    assert "capacity_blocks" in capsys.readouterr().err
+    assert bt.merge([paths[0], paths[0]], str(tmp_path / "x.json")) == 2
+    assert bt.merge([str(tmp_path / "missing.json")], str(tmp_path / "x.json")) == 2
