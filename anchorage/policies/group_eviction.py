@@ -63,13 +63,15 @@ Scores (``T`` = expected time to next use from now, in policy-clock seconds):
   transitions on and ``f`` not the session's current agent: ``T = (T + (steps - 1) * g) / p`` (or ``mult /= p, add = (steps - 1) g /
   p`` for recency) where ``(p, steps) = reach_k(cur_s, f)`` (floored at 0.02) and ``g`` the
   mean session step gap. ``reach_k``: the probability of calling ``f`` within ``k`` steps
-  (before the session ends) and the expected steps given that; ``k = 2``
-  (``TransitionLearner.reach``) unless one cache turnover spans at least 4 step gaps, then
-  ``k = turnover / g`` rounded down to a power of two, at most 32
-  (``TransitionLearner.hit``: a reuse k steps ahead can only be kept if k steps fit in one
-  turnover; a cyclic topology's threads are certain but later than two steps; parameter
-  ``reach_steps``, default ``"turnover"``, or a fixed int >= 2; measured at half-LRU:
-  debate +0.8, pipeline-2 +0.5 points, every other workload within 0.06). For the
+  (before the session ends) and the expected steps given that; parameter ``reach_steps``
+  (default 2: ``TransitionLearner.reach``; an int > 2: ``TransitionLearner.hit`` over that
+  many steps; ``"turnover"``: 2 unless one cache turnover spans at least 4 step gaps, then
+  ``turnover / g`` rounded down to a power of two, at most 32, since a reuse k steps ahead
+  can only be kept if k steps fit in one turnover). ``"turnover"`` measured (session 4,
+  ``bench_policies.py``): +0.55 points at half-LRU on debate-1 and pipeline-2, up to +0.66
+  at 5-10 %, but -0.4 to -1.0 at 20 % on pipeline, selector, random and debate (with long
+  turnovers k reaches 16-32 and the chain, whose ends are learned late, calls almost every
+  thread certain): not the default. For the
   current agent's own thread, once tool metadata exists, ``p = p_stay + (1 - p_stay) *
   p2`` and ``steps = (p_stay + s2 (1 - p_stay) p2) / p``, where ``p_stay = (C_stay + eps)
   / (n + 2 eps)`` is the learned probability that a session calls the same agent next
@@ -277,7 +279,7 @@ class GroupEvictionPolicy(EvictionPolicy):
                  survival_threshold: float = 0.0,
                  horizon_s: float = INF, recency_scale_s: float | None = None,
                  r_min: float = 0.0, prefetch: bool = True,
-                 prefetch_rate_per_s: float = 4.0, reach_steps: int | str = "turnover"):
+                 prefetch_rate_per_s: float = 4.0, reach_steps: int | str = 2):
         tuning = check_tuning(survival_threshold=survival_threshold, horizon_s=horizon_s,
                               recency_scale_s=recency_scale_s, r_min=r_min,
                               prefetch=prefetch, prefetch_rate_per_s=prefetch_rate_per_s)

@@ -1,5 +1,5 @@
 """`hybrid-oracle`: `hybrid` handed ground truth that no online policy has (OFFLINE: a
-reference for the oracle ladder, simulator only, never a default).
+reference for the oracle ladder in sequential replay, never a default).
 
 Specification
 -------------
@@ -30,6 +30,11 @@ scores) except where a piece of knowledge named in ``know`` replaces a learned e
 +anchor; ``L0`` = nothing = ``hybrid``). Default ``L5``. What remains between ``L5`` and
 ``belady`` is block granularity: which blocks of a group come back (branches, compaction,
 generated-token blocks, partial prefixes) and the order inside a group.
+
+Times are read on the trace clock (as ``belady`` and ``cachewise-oracle`` without
+``next_gap_s``): exact in sequential replay, not in the timed simulator's closed loop.
+Agent labels map to fingerprints by the last one observed with the label, so where one
+label has many prompt prefixes (ChatDev's phases) ``next`` and ``anchor`` are unreliable.
 """
 
 from __future__ import annotations

@@ -53,7 +53,10 @@ def test_end_is_absorbing():
 
 
 def test_reach_horizon_follows_cache_turnover():
-    pol = GroupEvictionPolicy(block_size=16)
+    default = GroupEvictionPolicy(block_size=16)
+    default.step_gap, default._turnover_s = 1.0, 13.0
+    assert default._reach_k() == 2  # the default is the two-step reach
+    pol = GroupEvictionPolicy(block_size=16, reach_steps="turnover")
     assert pol._reach_k() == 2  # nothing measured
     pol.step_gap, pol._turnover_s = 1.0, 3.0
     assert pol._reach_k() == 2  # under 4 steps per turnover: the two-step reach
