@@ -30,6 +30,15 @@ gen-random-2,gen-selector-2 --out bench/results/policies_gen_b.json
         --out bench/results/policies_weka.json
     bench/bench_policies.py --hot-path-only --out bench/results/policies_hotpath.json
     bench/bench_policies.py --merge bench/results/policies_{gen_a,gen_b,real2,weka,hotpath}.json
+
+Oracle ladder (``--oracle-ladder``; -> ``bench/results/policies_oracle_ladder.json``): at the
+half-LRU capacity of the multi-agent workloads, ``hybrid`` handed progressively more ground
+truth (``hybrid-oracle``, ``anchorage/policies/hybrid_oracle.py``: ``L1`` exact tool time,
+``L2`` + which request is a session's last, ``L3`` + the session's next agent, ``L4`` + each
+thread's exact next use, ``L5`` + each anchor's exact next use), and each piece alone; the
+share of the LRU-Belady gap each closes says what each kind of knowledge is worth::
+
+    BENCH_GEN_SESSIONS=40 bench/bench_policies.py --oracle-ladder
 """
 
 from __future__ import annotations
@@ -423,6 +432,37 @@ def state_with_agents(n_agents: int = 24) -> dict:
             "agents": len(pol.agents), "sessions": len(pol.sessions)}
 
 
+LADDER_WORKLOADS = ("gen-pipeline-1,gen-selector-1,gen-handoff-1,gen-debate-1,chatdev-0,"
+                    "gen-hierarchical-1,gen-pipeline-2,gen-selector-2")
+LADDER = ("L1", "L2", "L3", "L4", "L5", "tool", "end", "next", "thread", "anchor")
+
+
+def oracle_ladder(name: str) -> dict:
+    """Hit rates (and share of the LRU-Belady gap closed) of lru, hybrid, each
+    ``hybrid-oracle`` level and knowledge alone, and belady, at the half-LRU capacity."""
+    ctxs, bs = load(name)
+    cap = half_lru_capacity(ctxs, bs, infinite_hit_rate(ctxs, bs), unique_blocks(ctxs))
+    rates = {}
+    for p in ("lru", "hybrid", "belady"):
+        rates[p] = replay(ctxs, cap, bs, make_policy(p, block_size=bs, contexts=ctxs)).hit_rate
+    for k in LADDER:
+        pol = make_policy("hybrid-oracle", block_size=bs, contexts=ctxs, know=k)
+        rates[f"oracle:{k}"] = replay(ctxs, cap, bs, pol).hit_rate
+    gap = rates["belady"] - rates["lru"]
+    closed = {k: (v - rates["lru"]) / gap if gap > 0 else 1.0 for k, v in rates.items()}
+    return {"workload": name, "blocks": cap, "hit_rate": rates, "gap_closed": closed}
+
+
+def _print_ladder(rows: list[dict]) -> None:
+    cols = ["lru", "hybrid"] + [f"oracle:{k}" for k in LADDER] + ["belady"]
+    print(f"{'workload':>16} {'blocks':>6} " + " ".join(f"{c.split(':')[-1]:>7}" for c in cols))
+    for r in rows:
+        print(f"{r['workload']:>16} {r['blocks']:>6} "
+              + " ".join(f"{r['hit_rate'][c] * 100:7.2f}" for c in cols))
+        print(f"{'gap closed':>23} "
+              + " ".join(f"{r['gap_closed'][c] * 100:6.0f}%" for c in cols))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--workloads", default=None)
@@ -432,9 +472,22 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "policies.json"))
     ap.add_argument("--hot-path-only", action="store_true",
                     help="measure only the hot path and the state size into --out")
+    ap.add_argument("--oracle-ladder", action="store_true",
+                    help="hybrid + ground truth, level by level, at half-LRU (--workloads "
+                         f"default {LADDER_WORKLOADS}); --out default "
+                         "bench/results/policies_oracle_ladder.json")
     ap.add_argument("--merge", nargs="+", metavar="JSON",
                     help="merge result files of separate runs into --out and exit")
     a = ap.parse_args(argv)
+    if a.oracle_ladder:
+        rows = [oracle_ladder(w) for w in (a.workloads or LADDER_WORKLOADS).split(",")]
+        _print_ladder(rows)
+        out = a.out
+        if out == ap.get_default("out"):
+            out = str(ROOT / "bench" / "results" / "policies_oracle_ladder.json")
+        Path(out).write_text(json.dumps({"ladder": rows}, indent=1))
+        print(f"wrote {out}")
+        return 0
     if a.merge:
         merged: dict[str, Any] = {"workloads": [], "target_misses": []}
         by_name: dict[str, Any] = {}

@@ -184,7 +184,8 @@ class TransitionLearner:
         """(P(j within ``k`` steps from i, before END), expected steps given that)."""
         return self.hit_all(j, k).get(i, (0.0, 2.0))
 
-    def hit_all(self, j: Hashable, k: int, tol: float = 1e-4) -> dict[Hashable, tuple[float, float]]:
+    def hit_all(self, j: Hashable, k: int,
+                tol: float = 1e-4) -> dict[Hashable, tuple[float, float]]:
         """``hit(i, j, k)`` for every known agent ``i`` (value iteration, module spec)."""
         rows, tots = self._rows, self._tot
         a = self.n_targets()
