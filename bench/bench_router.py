@@ -17,6 +17,9 @@ the start is recorded next to the numbers.
         [--decisions 20000] [--policies agent,prefix,...] [--out bench/results/router.json]
     .venv/bin/python bench/bench_router.py --sim [--sim-replicas 4,8] [--sim-scales 2.5,2,1.75,1.5]
         [--sim-topology random|selector|pipeline|...] [--jobs 2] [--out bench/results/router_sim.json]
+    .venv/bin/python bench/bench_router.py --sim --sim-capacities 4000,8000,16000,profile
+        [--sim-cache runs.jsonl]
+    .venv/bin/python bench/bench_router.py --sim --sim-bound 4:1.75,8:1.5 [--sim-capacity 4000]
 
 ``--sim`` measures instead placement quality in the cluster simulator
 (``anchorage.sim.cluster``): ``h200-llama3-8b`` replicas (``--sim-replicas 4,8``) with
@@ -38,6 +41,19 @@ prompt on *another* replica held it, not this one), ``capacity`` (this replica h
 it and evicted it, or it was still being computed), so hit + compulsory + placement +
 capacity = 1; ``anchor_*`` are the shares of placement and capacity on blocks shared
 across sessions. For ``pooled`` (one cache) placement is 0 by definition.
+
+``--sim-capacities 4000,8000,16000,profile`` sweeps the KV blocks per replica instead
+(``profile`` = the hardware's own budget, 50,945 blocks of 16 tokens for Llama-3-8B on an
+H200 at ``gpu_memory_utilization`` 0.9): at each capacity the knee is re-found (a larger
+cache removes prefill work, so it moves to a higher rate), then ``agent``, ``pooled`` and
+``prefix`` run there. ``--sim-cache FILE`` keeps finished runs (JSON lines) so a sweep
+resumes and shares runs. Results: ``bench/results/router_sim_capacity_<topology>.json``.
+
+``--sim-bound 4:1.75,8:1.5`` measures the placement bound at ``--sim-capacity``
+(``anchorage.routing.oracle``): Belady on the pooled cache, ``agent`` with its placement
+recorded, and Belady per replica, each knowing only its own requests' future, under that
+placement replayed: what no eviction policy can beat with ``agent``'s placement.
+Results: ``bench/results/router_sim_bound.json``.
 
 ``--serve`` measures instead the router's overhead through Ray Serve: sequential
 ``/v1/completions`` latency (p50/p99) sent directly to an upstream vs through the router
@@ -307,10 +323,16 @@ def sim_bound(args) -> int:
         "summary": []}
     print(f"placement bound, {cap} blocks per replica, {topo} topology, policy {pol}; "
           f"load average {os.getloadavg()[0]:.1f}", flush=True)
+    cache_path = Path(args.sim_cache) if args.sim_cache else None
+    cache: dict = {}
+    if cache_path is not None and cache_path.exists():
+        for line in cache_path.read_text().splitlines():
+            d = json.loads(line)
+            cache[json.dumps(d["job"])] = d["row"]
     for item in args.sim_bound.split(","):
         n, sc = int(item.split(":")[0]), float(item.split(":")[1])
-        pooled_pol = sim_run((n, cap, sc, "pooled", pol, topo))
-        pooled_pol["label"] = f"pooled/{pol}"
+        pooled_pol = dict(_cached_run((n, cap, sc, "pooled", pol, topo), cache, cache_path),
+                          label=f"pooled/{pol}")
         pooled_b = bound_run(n, cap, sc, topo, "pooled/belady",
                              lambda r, c: make_policy("belady", block_size=16, contexts=c),
                              None, pooled=True)
@@ -547,7 +569,8 @@ def main() -> int:
                     help="--sim: the Belady placement bound instead, at REPLICAS:SCALE,... "
                          "(--sim-capacity blocks) -> bench/results/router_sim_bound.json")
     ap.add_argument("--sim-cache", default="",
-                    help="--sim-capacities: JSON-lines file of finished runs (resume)")
+                    help="--sim-capacities, --sim-bound: JSON-lines file of finished "
+                         "standard runs (reused, and resumed)")
     args = ap.parse_args()
     if args.sim:
         from anchorage.trace.generate import TOPOLOGIES
