@@ -65,7 +65,12 @@ requests' running prompts pin the replica's cache (p99 94 % of a 4,000-block rep
 / ``new_abs`` 4, was 1.25 / 2) gained 1.5 / 1.8 points (4 / 8 replicas) with TTFT p90 at
 0.48x / 0.33x round_robin's; never diverting (0) gained 2.3 at 4 replicas but put TTFT
 p90 at 0.49x, at the limit; moving threads less (``spill_ratio`` 3) removed most of the
-placement loss but put TTFT p90 at 0.57x.
+placement loss but put TTFT p90 at 0.57x. With an H200's own KV budget (50,945 blocks per
+replica, ``--sim-capacities``), agent reaches 96.5-100.6 % of pooled with TTFT p90 0.04-0.46x
+round_robin's, and prefix routing is level with it (-0.6 to +0.2 points). At 4,000 blocks
+even Belady on each replica with agent's placement reaches only 86-90 % of pooled hybrid
+(``--sim-bound``, ``anchorage.routing.oracle``). Placing new threads by cache footprint
+instead of their agent's anchor lost 3.5 points there.
 """
 
 from __future__ import annotations
