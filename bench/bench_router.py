@@ -323,12 +323,7 @@ def sim_bound(args) -> int:
         "summary": []}
     print(f"placement bound, {cap} blocks per replica, {topo} topology, policy {pol}; "
           f"load average {os.getloadavg()[0]:.1f}", flush=True)
-    cache_path = Path(args.sim_cache) if args.sim_cache else None
-    cache: dict = {}
-    if cache_path is not None and cache_path.exists():
-        for line in cache_path.read_text().splitlines():
-            d = json.loads(line)
-            cache[json.dumps(d["job"])] = d["row"]
+    cache_path, cache = _load_run_cache(args.sim_cache)
     for item in args.sim_bound.split(","):
         n, sc = int(item.split(":")[0]), float(item.split(":")[1])
         pooled_pol = dict(_cached_run((n, cap, sc, "pooled", pol, topo), cache, cache_path),
@@ -456,6 +451,17 @@ def _cached_run(job: tuple, cache: dict, cache_path: Path | None) -> dict:
     return cache[key]
 
 
+def _load_run_cache(path: str) -> tuple[Path | None, dict]:
+    """``--sim-cache``: the finished runs of a JSON-lines file (job -> row), and its path."""
+    cache_path = Path(path) if path else None
+    cache: dict = {}
+    if cache_path is not None and cache_path.exists():
+        for line in cache_path.read_text().splitlines():
+            d = json.loads(line)
+            cache[json.dumps(d["job"])] = d["row"]
+    return cache_path, cache
+
+
 def sim_capacity_sweep(args) -> int:
     """``--sim-capacities``: the knee re-found at each capacity, then agent vs pooled,
     prefix and round_robin there (see ``sweep_one``)."""
@@ -464,12 +470,7 @@ def sim_capacity_sweep(args) -> int:
     caps = sorted({hw if c.strip() == "profile" else int(c) for c in args.sim_capacities.split(",")})
     sizes = [int(x) for x in args.sim_replicas.split(",")]
     pol, topo = args.sim_policy, args.sim_topology
-    cache_path = Path(args.sim_cache) if args.sim_cache else None
-    cache: dict = {}
-    if cache_path is not None and cache_path.exists():
-        for line in cache_path.read_text().splitlines():
-            d = json.loads(line)
-            cache[json.dumps(d["job"])] = d["row"]
+    cache_path, cache = _load_run_cache(args.sim_cache)
     load = os.getloadavg()[0]
     print(f"capacity sweep, h200-llama3-8b (hardware KV budget {hw} blocks of 16 tokens), "
           f"{pol} eviction, {topo} topology, open loop; load average {load:.1f}", flush=True)
