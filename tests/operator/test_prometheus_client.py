@@ -29,11 +29,16 @@ def test_fleet_signals_from_real_prometheus(prometheus, exporters):
     for e in exporters:
         e.set(hit_rate=0.25, queries_per_s=1000, waiting=3, kv=0.5, soon_evictions_per_s=5)
     c = PrometheusClient(prometheus.url)
+    # 2 exporters x 5 blocks/s x 16 tokens / 2000 queried tokens/s = 0.08: both names are
+    # summed (one exporter emits anchorage_evictions_reused_total, the other the legacy
+    # _soon_ name). Every signal is waited for: each rate needs a 5 s window of samples
+    # taken after set(), and on a loaded machine the two exporters' windows fill at
+    # different scrapes (the eviction rate was seen at 0.066 while hits had settled).
     s = _settled(c, lambda s: s.hit_rate is not None and abs(s.hit_rate - 0.25) < 0.02
-                 and abs(s.queue_depth - 3.0) < 0.01)
+                 and abs(s.queue_depth - 3.0) < 0.01
+                 and s.capacity_miss_rate is not None
+                 and abs(s.capacity_miss_rate - 0.08) < 0.01)
     assert s.kv_usage == pytest.approx(0.5, abs=0.01)
-    # 2 exporters x 5 blocks/s x 16 tokens / 2000 queried tokens/s: both names are summed
-    # (one exporter emits anchorage_evictions_reused_total, the other the legacy _soon_ name)
     assert s.capacity_miss_rate == pytest.approx(0.08, abs=0.01)
     c.close()
 
