@@ -238,6 +238,14 @@ def run_timed_mode(args, records, contexts, bs, capacity, names, params, unique,
                           max_sessions=args.max_sessions, admission=args.admission)
     except ValueError as exc:
         raise CLIError(str(exc)) from None
+    if args.arrivals == "closed":
+        from anchorage.policies.registry import is_offline
+        for name in names:
+            if is_offline(name):
+                print(f"note: {name} reads next uses from the trace's request order and clock; "
+                      "closed-loop arrivals reorder requests, so here it is a reference, not "
+                      "an oracle (bench/timed_explore.py replayed-belady gives a closed-loop "
+                      "estimate)", file=sys.stderr)
     results = []
     for router in routers:
         for name in names:

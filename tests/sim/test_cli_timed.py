@@ -96,3 +96,17 @@ def test_timed_prefix_aware_admission(trace):
     d = json.loads(out)
     assert rc == 0 and d["admission"] == "prefix-aware"
     assert d["results"][0]["requests"] == d["requests"]
+
+
+def test_offline_policy_in_closed_loop_is_flagged_as_a_reference(trace, capsys):
+    rc, out = run_cli("--trace", trace, "--mode", "timed", "--arrivals", "closed",
+                      "--policies", "lru,belady", "--capacity-blocks", "40", "--json",
+                      "--no-progress")
+    assert rc == 0 and len(json.loads(out)["results"]) == 2  # stdout stays pure JSON
+    err = capsys.readouterr().err
+    assert "note: belady reads next uses from the trace" in err
+    assert "note: lru" not in err
+    rc, _ = run_cli("--trace", trace, "--mode", "timed", "--arrivals", "open",
+                    "--policies", "belady", "--capacity-blocks", "40", "--json",
+                    "--no-progress")
+    assert rc == 0 and "note:" not in capsys.readouterr().err
