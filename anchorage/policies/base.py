@@ -23,6 +23,9 @@ The pool tells the policy what happens, in batches, with the request's context:
 Contract: ``pop_victim`` is O(log n) or better; every ``on_*`` is O(1) per block; state is
 bounded. A policy never sees the future (``belady`` is the simulator-only exception) and
 never reads ``RequestContext.agent_truth``.
+
+``next_in_session(contexts)`` is for the offline references only (``cachewise-oracle``,
+``hybrid-oracle``): the replay read ahead, per ``seq``, the same session's next request.
 """
 
 from __future__ import annotations
@@ -57,6 +60,22 @@ class RequestContext:
     warmup: bool = False
     seq: int = -1  # position in the replayed trace (simulator only; belady uses it)
     agent_truth: str | None = None
+
+
+def next_in_session(contexts: Sequence[RequestContext]) -> list[RequestContext | None]:
+    """Per ``seq`` (0 <= seq < len(contexts)): the context of the same session's next
+    request in replay order; None for a session's last request, for requests without a
+    session and for seqs no context has. Offline references only: this is the future."""
+    out: list[RequestContext | None] = [None] * len(contexts)
+    nxt: dict[Any, RequestContext] = {}
+    for c in reversed(contexts):
+        sid = c.session_id
+        if sid is None:
+            continue
+        if 0 <= c.seq < len(out):
+            out[c.seq] = nxt.get(sid)
+        nxt[sid] = c
+    return out
 
 
 class EvictionPolicy:

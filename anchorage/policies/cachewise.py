@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from anchorage.policies.base import RequestContext
+from anchorage.policies.base import RequestContext, next_in_session
 from anchorage.policies.group_eviction import GroupEvictionPolicy, Session, Signals
 from anchorage.policies.tool_clusters import ArgClusterer
 
@@ -73,15 +73,7 @@ class CacheWiseOraclePolicy(CacheWisePolicy):
             raise ValueError(f"next_gap_s has {len(next_gap_s)} entries for "
                              f"{len(contexts)} requests")
         self._gap_s = None if next_gap_s is None else [float(g) for g in next_gap_s]
-        nxt: dict[Any, float] = {}
-        self._next_s = [math.inf] * len(contexts)
-        for c in reversed(contexts):
-            sid = c.session_id
-            if sid is None:
-                continue
-            if c.seq >= 0:
-                self._next_s[c.seq] = nxt.get(sid, math.inf)
-            nxt[sid] = c.now_s
+        self._next_s = [math.inf if c is None else c.now_s for c in next_in_session(contexts)]
 
     def _session_wait(self, sess: Session, now: float) -> float | None:
         if sess.last_seq < 0 or sess.last_seq >= len(self._next_s):

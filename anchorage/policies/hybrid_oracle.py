@@ -44,7 +44,7 @@ import math
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-from anchorage.policies.base import RequestContext
+from anchorage.policies.base import RequestContext, next_in_session
 from anchorage.policies.group_eviction import ANCHOR, THREAD, Group, Session
 from anchorage.policies.hybrid import HybridPolicy
 
@@ -84,16 +84,15 @@ class HybridOraclePolicy(HybridPolicy):
         self._next_agent: list[Any] = [None] * n
         self._last = [False] * n          # the session's last request
         self._tool = [False] * n
-        nxt: dict[Any, tuple[float, Any]] = {}
-        for c in reversed(contexts):
-            sid = c.session_id
-            if sid is None or not 0 <= c.seq < n:
+        following = next_in_session(contexts)
+        for c in contexts:
+            if c.session_id is None or not 0 <= c.seq < n:
                 continue
-            t, a = nxt.get(sid, (INF, None))
-            self._next_s[c.seq], self._next_agent[c.seq] = t, a
-            self._last[c.seq] = sid not in nxt
+            m = following[c.seq]
+            if m is not None:
+                self._next_s[c.seq], self._next_agent[c.seq] = m.now_s, m.agent_truth
+            self._last[c.seq] = m is None
             self._tool[c.seq] = c.tool_name is not None
-            nxt[sid] = (c.now_s, c.agent_truth)
         # (session, agent) -> sorted (seq, time) of its requests; agent -> sorted times
         self._thread_seqs: dict[tuple[Any, Any], list[int]] = {}
         self._thread_ts: dict[tuple[Any, Any], list[float]] = {}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from anchorage.policies.base import RequestContext
+from anchorage.policies.base import RequestContext, next_in_session
 from anchorage.policies.hybrid_oracle import LADDER, parse_know
 from anchorage.policies.registry import is_offline, make_policy
 from anchorage.pool.block_pool import BlockPool
@@ -19,6 +19,15 @@ def test_parse_know_levels_and_names():
     assert parse_know("end, thread") == {"end", "thread"}
     with pytest.raises(ValueError, match="unknown knowledge 'future'"):
         parse_know("end,future")
+
+
+def test_next_in_session_reads_each_sessions_next_request():
+    def ctx(seq, sid):
+        return RequestContext(request_id=seq, keys=[], input_length=16, now_s=float(seq),
+                              session_id=sid, seq=seq)
+    ctxs = [ctx(0, "a"), ctx(1, "b"), ctx(2, None), ctx(3, "a"), ctx(4, "a")]
+    nxt = next_in_session(ctxs)
+    assert [None if c is None else c.seq for c in nxt] == [3, None, None, 4, None]
 
 
 def test_offline_and_bad_parameter_is_a_clear_error():
