@@ -246,25 +246,37 @@ def _sim_trace(replicas: int, topology: str = "random"):
     return _TRACES[replicas, topology]
 
 
+def _sim_config(replicas: int, capacity: int, scale: float):
+    """The --sim setup: ``h200-llama3-8b`` replicas, 16-token blocks, open-loop arrivals."""
+    from anchorage.sim.cluster import TimedConfig
+    from anchorage.sim.profiles import get_profile
+    return TimedConfig(get_profile("h200-llama3-8b").with_(block_size=16), replicas=replicas,
+                       mode="open", time_scale=scale, capacity_blocks=capacity)
+
+
+def _miss_loss(sim) -> dict:
+    """``miss_decomposition`` of a finished run's measured requests, in admission order
+    (one cache for ``pooled``)."""
+    from anchorage.routing.analysis import miss_decomposition
+    done = sorted((r for r in sim.completed if r.measured and r.admitted_s is not None),
+                  key=lambda r: (r.admitted_s, r.index))
+    return miss_decomposition((r.ctx.keys, 0 if sim.pooled else r.replica, r.hit_blocks,
+                               r.session) for r in done)
+
+
 def sim_run(job: tuple) -> dict:
     """One simulation: (replicas, capacity, time scale, router, eviction policy, topology)."""
-    from anchorage.routing.analysis import miss_decomposition
-    from anchorage.sim.cluster import TimedConfig, simulate_timed
-    from anchorage.sim.profiles import get_profile
+    from anchorage.sim.cluster import simulate_timed
     replicas, capacity, scale, router, policy, topology = job
     recs, ctxs = _sim_trace(replicas, topology)
-    cfg = TimedConfig(get_profile("h200-llama3-8b").with_(block_size=16), replicas=replicas,
-                      mode="open", time_scale=scale, capacity_blocks=capacity)
+    cfg = _sim_config(replicas, capacity, scale)
     t0 = time.perf_counter()
     c0 = time.process_time()
     sim, res = simulate_timed(recs, ctxs, cfg, policy, router)
     cpu = time.process_time() - c0
     span = recs[-1].timestamp / 1000.0 * scale
     util = [p["utilization"] for p in res["per_replica"]]
-    done = [r for r in sim.completed if r.measured and r.admitted_s is not None]
-    done.sort(key=lambda r: (r.admitted_s, r.index))
-    loss = miss_decomposition((r.ctx.keys, 0 if sim.pooled else r.replica, r.hit_blocks,
-                                r.session) for r in done)
+    loss = _miss_loss(sim)
     return {"topology": topology, "replicas": replicas, "capacity_blocks": capacity,
             "time_scale": scale,
             "rate_rps": len(recs) / span, "router": router, "policy": policy,
@@ -282,22 +294,16 @@ def bound_run(replicas: int, capacity: int, scale: float, topology: str, label: 
     """One simulation with a policy per replica (``policy_of(replica, contexts)``) and a
     router object: the oracle runs of ``--sim-bound``."""
     from anchorage.policies.base import RequestContext as Ctx
-    from anchorage.routing.analysis import miss_decomposition
-    from anchorage.sim.cluster import ClusterSim, TimedConfig, build_workload, summarize
-    from anchorage.sim.profiles import get_profile
+    from anchorage.sim.cluster import ClusterSim, build_workload, summarize
     recs, ctxs0 = _sim_trace(replicas, topology)
-    cfg = TimedConfig(get_profile("h200-llama3-8b").with_(block_size=16), replicas=replicas,
-                      mode="open", time_scale=scale, capacity_blocks=capacity)
+    cfg = _sim_config(replicas, capacity, scale)
     ctxs = [Ctx(**{f: getattr(c, f) for f in c.__slots__}) for c in ctxs0]
     built = iter(range(replicas))  # ClusterSim builds one policy per replica, in order
     c0 = time.process_time()
     sim = ClusterSim(cfg, lambda: policy_of(next(built, 0), ctxs), router, pooled=pooled)
     sim.run(build_workload(recs, ctxs, cfg))
     res = summarize(sim, None, label, label)
-    done = sorted((r for r in sim.completed if r.measured and r.admitted_s is not None),
-                  key=lambda r: (r.admitted_s, r.index))
-    loss = miss_decomposition((r.ctx.keys, 0 if pooled else r.replica, r.hit_blocks,
-                               r.session) for r in done)
+    loss = _miss_loss(sim)
     return {"label": label, "topology": topology, "replicas": replicas,
             "capacity_blocks": capacity, "time_scale": scale,
             "rate_rps": len(recs) / (recs[-1].timestamp / 1000.0 * scale),
