@@ -82,13 +82,20 @@ def workload(topology: str, sessions: int, seed: int, concurrency: float,
     return _WL[key]
 
 
+def timed_config(profile: str, replicas: int, slots: int, capacity_blocks: int | None,
+                 admission: str = "fcfs") -> TimedConfig:
+    """The benchmark's closed system: N = ``slots`` sessions in flight, session starts
+    compressed (time scale 1e-3), the first 20 % of the window excluded."""
+    return TimedConfig(get_profile(profile), replicas=replicas, mode="closed", time_scale=1e-3,
+                       max_sessions=slots, warmup_frac=0.2, capacity_blocks=capacity_blocks,
+                       admission=admission)
+
+
 def one_run(job: dict) -> dict:
     recs, ctxs = workload(job["topology"], job["sessions"], job["seed"], job["concurrency"],
                           job.get("output_scale", 1.0), job.get("tool_gaps", "generator"))
-    cfg = TimedConfig(get_profile(job["profile"]), replicas=job["replicas"], mode="closed",
-                      time_scale=1e-3, max_sessions=job["slots"], warmup_frac=0.2,
-                      capacity_blocks=job["capacity_blocks"],
-                      admission=job.get("admission", "fcfs"))
+    cfg = timed_config(job["profile"], job["replicas"], job["slots"], job["capacity_blocks"],
+                       job.get("admission", "fcfs"))
     params = None
     if job["policy"] == "cachewise-oracle":  # true gaps on the simulator's clock
         params = {"next_gap_s": closed_loop_gaps_s(recs, cfg.think_s)}

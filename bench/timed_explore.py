@@ -58,9 +58,7 @@ def _line(tag: str, res: dict, cpu_s: float) -> str:
 def replayed_belady(args) -> int:
     recs, ctxs = bench_timed.workload(args.topology, max(100, 2 * args.slots), args.seed, 64.0,
                                       args.output_scale, args.tool_gaps)
-    cfg = TimedConfig(get_profile(args.profile), replicas=args.replicas, mode="closed",
-                      time_scale=1e-3, max_sessions=args.slots, warmup_frac=0.2,
-                      capacity_blocks=args.capacity_blocks)
+    cfg = bench_timed.timed_config(args.profile, args.replicas, args.slots, args.capacity_blocks)
     c0 = time.process_time()
     sim, res = simulate_timed(recs, ctxs, cfg, "lru", args.router)
     print(_line("lru (pass 1)", res, time.process_time() - c0), flush=True)
