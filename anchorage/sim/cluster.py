@@ -47,7 +47,7 @@ from anchorage.policies.base import EvictionPolicy, RequestContext
 from anchorage.policies.registry import make_policy
 from anchorage.pool.block_pool import BlockPool
 from anchorage.routing.base import ReplicaView, Router
-from anchorage.sim.engine import Replica, SimRequest
+from anchorage.sim.engine import ADMISSIONS, Replica, SimRequest
 from anchorage.sim.profiles import HardwareProfile
 from anchorage.trace.format import TraceRecord
 
@@ -80,8 +80,9 @@ class TimedConfig:
             raise ValueError("think_s and warmup_s must be >= 0")
         if self.capacity_blocks is not None and self.capacity_blocks <= 0:
             raise ValueError("capacity_blocks must be positive")
-        if self.admission not in ("fcfs", "prefix-aware"):
-            raise ValueError(f"admission must be 'fcfs' or 'prefix-aware', got {self.admission!r}")
+        if self.admission not in ADMISSIONS:
+            raise ValueError(f"admission must be one of {', '.join(ADMISSIONS)}, "
+                             f"got {self.admission!r}")
         if self.max_sessions is not None and (self.max_sessions < 1 or self.mode != "closed"):
             raise ValueError("max_sessions must be >= 1 and needs closed-loop arrivals")
 
