@@ -124,10 +124,15 @@ def test_warmups_issued_used_wasted_and_metrics(env):
             eng.publish([removed([bytes([B_TOKS[0], 1])])])
             await until(lambda: sc.ledger.wasted == 1, "warm-up wasted")
 
-            # a busy engine gets no warm-up: skipped (counted once per agent and cooldown)
+            # a busy engine gets no warm-up: skipped (counted once per agent and cooldown).
+            # The sidecar reads c's prediction before the engine turns busy: a busy engine
+            # skips every predicted agent, and a tick still reading b's prediction would
+            # count b too. c's anchor is unknown until then, so it is not warmed meanwhile.
+            stub.view["predictions"] = [{"agent": "fp:c", "probability": 0.8}]
+            await until(lambda: [a for a, _ in sc.snapshot.predictions] == ["fp:c"],
+                        "c predicted")
             eng.running = 5
             stub.anchor("fp:c", [7] * 8)
-            stub.view["predictions"] = [{"agent": "fp:c", "probability": 0.8}]
             await until(lambda: sc.warmups["skipped"] >= 1, "skip")
             await asyncio.sleep(0.3)
             assert len(eng.completions) == 2 and sc.warmups["skipped"] == 1
