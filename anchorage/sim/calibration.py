@@ -228,7 +228,8 @@ def error_rows(profile: HardwareProfile, prefill_points: Iterable[dict],
 
 def fit_link(points: Iterable[dict]) -> dict:
     """``{"bytes_s", "latency_s"}`` of ``t = latency + copies x bytes / bw`` (one
-    direction and pattern)."""
+    direction and pattern); ValueError when the bytes explain under 1 % of the largest
+    point's time (no bandwidth to fit)."""
     pts = [p for p in points if float(p["time_s"]) > 0]
     if not pts:
         raise ValueError("no copy points")
@@ -241,7 +242,8 @@ def fit_link(points: Iterable[dict]) -> dict:
         inv_bw = sum(s / t for s, t in zip(totals, ts)) / sum((s / t) ** 2
                                                               for s, t in zip(totals, ts))
         lat = 0.0
-    if not inv_bw > 0:
+    big = max(range(len(ts)), key=totals.__getitem__)
+    if not inv_bw * totals[big] > 0.01 * ts[big]:  # bytes explain under 1 % of the largest
         raise ValueError("copy times do not grow with size: no bandwidth to fit")
     return {"bytes_s": 1 / inv_bw, "latency_s": lat}
 
