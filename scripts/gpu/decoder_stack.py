@@ -3,8 +3,10 @@ clock that times it: CUDA events (or ``perf_counter`` on CPU), CUDA-graph replay
 captures, warm-ups, the median of repeats.
 
 One layer: RMSNorm, fused QKV projection, rotary embedding, the new K/V written into the
-cache, ``scaled_dot_product_attention`` over the cache (GQA through ``enable_gqa``; a chunk
-after cached context is causal aligned lower-right, ``causal_lower_right``), output
+cache, ``scaled_dot_product_attention`` over the cache (a prefill chunk: GQA through
+``enable_gqa``, causal aligned lower-right after cached context, ``causal_lower_right``; a
+decode step: the query heads sharing a KV head as the rows of one unmasked attention, as
+FlashAttention's own decode path does), output
 projection, residual, RMSNorm, fused gate/up projection, SiLU x up, down projection,
 residual. The head is the final RMSNorm and the LM head on the tokens that are sampled
 (the last of a prefill chunk, every decoding sequence), after the embedding lookup.
@@ -128,14 +130,15 @@ class Stack:
         return ang.cos().to(self.dtype)[None, :, None], ang.sin().to(self.dtype)[None, :, None]
 
     def _attend(self, q, keys, vals, s: int, start: int):
-        if self.attn_impl == "expand" and self.k != self.h:
+        b = q.shape[0]
+        if s == 1:  # decode: each KV head's query heads as rows, exact without a mask
+            g = self.h // self.k
+            o = F.scaled_dot_product_attention(q.reshape(b, self.k, g, self.d), keys, vals)
+            return o.reshape(b, self.h, 1, self.d)
+        gqa = self.k != self.h
+        if gqa and self.attn_impl == "expand":
             rep = self.h // self.k
-            keys, vals = keys.repeat_interleave(rep, 1), vals.repeat_interleave(rep, 1)
-            gqa = False
-        else:
-            gqa = self.k != self.h
-        if s == 1:
-            return F.scaled_dot_product_attention(q, keys, vals, enable_gqa=gqa)
+            keys, vals, gqa = keys.repeat_interleave(rep, 1), vals.repeat_interleave(rep, 1), False
         if start == 0:
             return F.scaled_dot_product_attention(q, keys, vals, is_causal=True,
                                                   enable_gqa=gqa)
@@ -196,10 +199,10 @@ def _rotate(x, cos, sin):
 
 
 def probe_attention(spec, device: torch.device, dtype=torch.bfloat16) -> dict:
-    """Which way a chunk's attention over cached context runs here: lower-right causal
-    with GQA through the flash kernel (``gqa``), with the KV heads expanded (``expand``),
-    or neither (``none``: cached-context prefill points are skipped, the fallback
-    materialises an n x (c + n) mask)."""
+    """Which way a prefill chunk's attention over cached context runs here: lower-right
+    causal with GQA through the flash kernel (``gqa``), with the KV heads expanded
+    (``expand``: the copies are timed too), or neither (``none``: cached-context prefill
+    points are skipped, the fallback would materialise an n x (c + n) mask)."""
     if device.type != "cuda":
         return {"impl": "gqa", "note": "cpu: SDPA's CPU kernels (lower-right mask materialised)"}
     from torch.nn.attention import SDPBackend, sdpa_kernel

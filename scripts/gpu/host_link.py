@@ -41,6 +41,7 @@ class HostLink:
         self.host_src = torch.empty(max_bytes, pin_memory=self.pinned, **kw).fill_(1)
         self.dev_src = torch.ones(max_bytes, device=device, **kw)
         self.dev_dst = torch.empty(max_bytes, device=device, **kw)
+        self.graph_failed = False  # after one failed capture, the rest is issued eagerly
 
     def pairs(self, direction: str, nbytes: int, count: int):
         if direction == "d2h":
@@ -50,8 +51,9 @@ class HostLink:
     def measure(self, direction: str, pattern: str, nbytes: int, count: int,
                 graphs: bool, reps: int, target_s: float) -> dict:
         fn, issue = _copies(self.pairs(direction, nbytes, count)), "eager"
-        if count > 1:
+        if count > 1 and graphs:
             fn, issue = graphed(fn, self.clock, graphs)
+            self.graph_failed = self.graph_failed or issue != "cuda-graph"
         m = self.clock.measure(fn, 1, reps, target_s)
         return {"direction": direction, "pattern": pattern, "bytes": nbytes, "copies": count,
                 **m, "gb_s": nbytes * count / m["time_s"] / 1e9, "issue": issue}
@@ -106,7 +108,8 @@ def measure_link(clock, device, plan: dict, graphs: bool, reps: int, target_s: f
                                        "bytes": nbytes, "copies": count,
                                        "reason": "time budget spent"})
                 continue
-            p = link.measure(direction, pattern, nbytes, count, graphs, reps, target_s)
+            p = link.measure(direction, pattern, nbytes, count, graphs and not link.graph_failed,
+                             reps, target_s)
             out["points"].append(p)
             log(f"link {direction} {pattern:<6} {count:>5} x {nbytes:>11,} B: "
                 f"{p['time_s'] * 1e3:9.3f} ms  {p['gb_s']:7.2f} GB/s  ({p['issue'][:40]})")

@@ -156,3 +156,29 @@ def test_core_and_estimate_import_no_torch():
                           cwd=ROOT, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().endswith("no torch")
+
+
+def test_the_stack_attends_causally_over_its_cache():
+    """A chunk after cached context, and a decode step, give what one pass over the whole
+    sequence gives: the cache and the lower-right causal alignment are right."""
+    import dataclasses
+
+    import torch
+
+    sys.path.insert(0, str(SCRIPT.parent))
+    from decoder_stack import Stack
+
+    spec = dataclasses.replace(TINY.model, kv_heads=2)  # GQA: 4 query heads, 2 KV heads
+    for impl in ("gqa", "expand"):
+        st = Stack(spec, 1, torch.device("cpu"), dtype=torch.float32, attn_impl=impl)
+        w = st.layers[0]
+        c, n = 24, 8
+        x = torch.randn(c + n + 1, spec.hidden)
+        whole = st.layer(x[:c + n], w, st.kv_cache(1, c + n + 1)[0], 0, st.rope_tables(0, c + n))
+        cache = st.kv_cache(1, c + n + 1)[0]
+        st.layer(x[:c], w, cache, 0, st.rope_tables(0, c))
+        chunk = st.layer(x[c:c + n], w, cache, c, st.rope_tables(c, n))
+        assert torch.allclose(chunk, whole[c:], atol=1e-5), impl
+        step = st.layer(x[c + n:], w, cache, c + n, st.rope_tables(c + n, 1))
+        ref = st.layer(x, w, st.kv_cache(1, c + n + 1)[0], 0, st.rope_tables(0, c + n + 1))
+        assert torch.allclose(step, ref[-1:], atol=1e-5), impl
