@@ -96,7 +96,7 @@ def point_estimate_s(profile, grid, kind: str, a: int, c: int, layers: int) -> f
     else:
         t = step_time_s(profile, [], [c] * a) * layers / m.layers
     reps = max(3, min(grid["reps"], int(grid["target_s"] / max(t, 1e-9))))
-    return t * (RUNS_PER_POINT + reps) + 0.02
+    return t * (RUNS_PER_POINT + reps) + 0.1  # + allocation, KV fill, capture, head
 
 
 def estimate(profile, grid) -> dict:
