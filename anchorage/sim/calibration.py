@@ -24,7 +24,9 @@ max) from the base profile's coefficients, solves the weighted linear least squa
 rows ``[G, A, 0, 1]`` (compute) or ``[0, 0, B, 1]`` (memory), each row and its target
 divided by the measured ``t`` (so it minimises relative errors), re-assigns the regimes
 with the fitted coefficients and repeats until they no longer change (at most
-``MAX_ROUNDS``). A coefficient no point determines (no memory-bound point, say), or one
+``MAX_ROUNDS``). It does so twice, from the base profile's regimes and from prefill =
+compute, decode = memory, and keeps the result whose max model has the smaller sum of
+squared relative errors. A coefficient no point determines (no memory-bound point, say), or one
 fitted <= 0, keeps the base profile's value and a warning says so; a negative ``o`` is
 fixed at 0 and the rest refitted. ``peak`` and ``bw`` stay the base profile's datasheet
 values: the fitted ``mfu``, ``attn_mfu`` and ``mbu`` are effective efficiencies against
@@ -158,9 +160,25 @@ def fit_step_model(base: HardwareProfile, prefill_points: Iterable[dict],
              for kind, pre, dec, t in _steps(prefill_points, decode_points)]
     if not steps or any(not t > 0 for *_, t in steps):
         raise ValueError("need measured points with time_s > 0")
+    starts = [None, [COMPUTE if s[0] == "prefill" else MEMORY for s in steps]]
+    best = min((_alternate(steps, base, start) for start in starts), key=lambda r: r[0])
+    _, x, regimes, rounds, warnings = best
+    names = [s[0] for s in steps]
+    by_kind = {k: [r for r, n in zip(regimes, names) if n == k] for k in ("prefill", "decode")}
+    rate = base.peak_flops
+    return StepFit(mfu=1 / (rate * x[0]), attn_mfu=1 / (rate * x[1]),
+                   mbu=1 / (base.mem_bw_bytes_s * x[2]), gpu_step_overhead_s=x[3],
+                   regimes=by_kind, rounds=rounds, warnings=warnings)
+
+
+def _alternate(steps, base, regimes):
+    """Regimes and least squares in turn from ``regimes`` (None: the base profile's);
+    returns (the max model's sum of squared relative errors, x, regimes, rounds,
+    warnings)."""
     x = _coefficients(base)
-    regimes = None
     warnings: list[str] = []
+    if regimes is not None:
+        x, warnings = _solve(steps, regimes, base)
     for rounds in range(1, MAX_ROUNDS + 1):
         new = [COMPUTE if g * x[0] + a * x[1] >= b * x[2] else MEMORY
                for _, g, a, b, _ in steps]
@@ -168,12 +186,9 @@ def fit_step_model(base: HardwareProfile, prefill_points: Iterable[dict],
             break
         regimes = new
         x, warnings = _solve(steps, regimes, base)
-    names = [s[0] for s in steps]
-    by_kind = {k: [r for r, n in zip(regimes, names) if n == k] for k in ("prefill", "decode")}
-    rate = base.peak_flops
-    return StepFit(mfu=1 / (rate * x[0]), attn_mfu=1 / (rate * x[1]),
-                   mbu=1 / (base.mem_bw_bytes_s * x[2]), gpu_step_overhead_s=x[3],
-                   regimes=by_kind, rounds=rounds, warnings=warnings)
+    sse = sum(((max(g * x[0] + a * x[1], b * x[2]) + x[3]) / t - 1) ** 2
+              for _, g, a, b, t in steps)
+    return sse, x, regimes, rounds, warnings
 
 
 def _solve(steps, regimes, base) -> tuple[list[float], list[str]]:

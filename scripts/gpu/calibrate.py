@@ -151,28 +151,33 @@ def _time_point(ctx, batch: int, new: int, start: int, layers: int) -> dict:
 
 def measure_steps(ctx, phase: str, points, layers: int) -> list[dict]:
     """Each point of ``points`` ((n, c) for prefill, (batch, c) for decode), cheapest
-    first, while the phase's time lasts; skipped ones recorded with their reason."""
+    first, while the phase's time lasts (the estimates scaled by how much longer than its
+    estimate the last point took); skipped ones recorded with their reason."""
     torch, doc, prof = ctx["torch"], ctx["doc"], ctx["profile"]
     kind = "decode" if phase == "decode" else "prefill"
     keys = ("batch", "context_tokens") if kind == "decode" else ("new_tokens", "context_tokens")
     est = {p: point_estimate_s(prof, ctx["grid"], kind, *p, layers) for p in points}
     out = []
+    scale = 1.0
     for a, c in sorted(points, key=est.get):
         tokens = a * (c + 1) if kind == "decode" else c + a
         need = prof.model.kv_bytes_per_token * tokens * layers / prof.model.layers + 2 ** 31
         free = ctx["free_bytes"]()
+        guess = est[(a, c)] * scale
         reason = None
         if kind == "prefill" and c > 0 and ctx["attn"]["impl"] == "none":
             reason = "no flash kernel for lower-right causal attention: " + ctx["attn"]["note"]
         elif free is not None and need > free:
             reason = f"needs {need / 2 ** 30:.1f} GiB (KV, activations), {free / 2 ** 30:.1f} free"
-        elif time.monotonic() + est[(a, c)] > ctx["deadline"]:
-            reason = f"time budget (estimated {est[(a, c)]:.1f} s)"
+        elif time.monotonic() + guess > ctx["deadline"]:
+            reason = f"time budget (estimated {guess:.1f} s)"
         if reason is None:
+            t0 = time.monotonic()
             try:
                 m = _time_point(ctx, *((a, 1, c) if kind == "decode" else (1, a, c)), layers)
             except torch.cuda.OutOfMemoryError as exc:
                 reason = f"out of memory: {str(exc)[:160]}"
+            scale = max(1.0, (time.monotonic() - t0) / est[(a, c)])
         if reason:
             doc["skipped"].append({"phase": phase, keys[0]: a, keys[1]: c, "reason": reason})
             continue

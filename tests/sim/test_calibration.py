@@ -80,9 +80,11 @@ def test_fit_recovers_known_coefficients_from_synthetic_measurements():
     assert fit.gpu_step_overhead_s == pytest.approx(1.3e-4, rel=1e-6)
     assert fit.warnings == []
     assert set(fit.regimes["prefill"]) == {cal.COMPUTE} and set(fit.regimes["decode"]) == {cal.MEMORY}
-    # starting from the base's regimes, the big-batch decode points near the roofline's
-    # corner are re-assigned until stable
     assert 2 <= fit.rounds <= cal.MAX_ROUNDS
+    # a base profile far off (its bandwidth makes every point compute-bound; from its
+    # regimes alone the alternation stalls there) still finds them: the second start
+    off = cal.fit_step_model(BASE.with_(mfu=0.05, mbu=20.0), pre, dec)
+    assert (off.mfu, off.attn_mfu, off.mbu) == pytest.approx((0.62, 0.37, 0.81), rel=1e-9)
 
 
 def test_fit_with_noise_stays_close_and_the_error_report_is_model_vs_measured():
