@@ -13,6 +13,10 @@ policy) gains ``router``, ``replicas``, ``ttft_p50_s``/``ttft_p90_s``/``ttft_p99
 ``preemptions``, ``session_time_mean_s``, ``per_replica`` (list) and, when ``belady`` ran,
 ``belady_gap`` (Belady's hit rate minus this one); ``hit_rate`` stays fleet-wide.
 ``--router pooled`` is one cache of the fleet's total size (the placement reference).
+``--profile`` takes a profile name or a calibration file (``anchorage-calibration/v1``,
+``scripts/gpu/calibrate.py``); ``--calibration FILE`` loads one explicitly (its base profile
+must be ``--profile``'s, when that is given). The object then also has ``profile_source``
+(``"derived: ..."`` or ``"measured: <file> ..."``) and ``calibration`` (the file, or null).
 
 ``--tiering naive|temporal|tokencake`` gives every replica a host-memory KV tier
 (``anchorage.tiering``; ``--host-tier-gb``, ``--host-bw-gbs`` each way,
@@ -61,7 +65,13 @@ def register(sub) -> None:
                         "'pooled' (default round_robin)")
     t.add_argument("--router-param", action="append", default=[], metavar="KEY=VALUE",
                    help="router parameter (repeatable)")
-    t.add_argument("--profile", default="h200-llama3-8b", help="hardware profile")
+    t.add_argument("--profile", default=None,
+                   help="hardware profile name, or a calibration file (.json) "
+                        "(default h200-llama3-8b)")
+    t.add_argument("--calibration", "--profile-file", dest="calibration", default=None,
+                   metavar="FILE",
+                   help="calibration JSON (scripts/gpu/calibrate.py): its base profile "
+                        "with the measured coefficients")
     t.add_argument("--arrivals", choices=["open", "closed"], default="closed",
                    help="open: trace timestamps; closed: a session's next request after "
                         "completion + tool time or think time (default)")
@@ -83,8 +93,9 @@ def register(sub) -> None:
                     help="stall-aware KV offload to host memory (default off)")
     tt.add_argument("--host-tier-gb", type=float, default=100.0,
                     help="host tier capacity per replica in GB (default 100)")
-    tt.add_argument("--host-bw-gbs", type=float, default=25.0,
-                    help="host link bandwidth each way in GB/s (default 25)")
+    tt.add_argument("--host-bw-gbs", type=float, default=None,
+                    help="host link bandwidth each way in GB/s (default: the profile's "
+                         "measured link, else 25)")
     tt.add_argument("--offload-watermark", type=float, default=None,
                     help="GPU memory pressure below which offloads are rejected (0.5)")
     tt.add_argument("--agent-hints", action="store_true",
@@ -215,7 +226,6 @@ def run_timed_mode(args, records, contexts, bs, capacity, names, params, unique,
 
     from anchorage.cli import CLIError
     from anchorage.sim.cluster import POOLED, TimedConfig, run_timed
-    from anchorage.sim.profiles import get_profile
     from anchorage.sim.replay import infinite_hit_rate
 
     routers = [r.strip() for r in args.router.split(",") if r.strip()]
@@ -224,14 +234,15 @@ def run_timed_mode(args, records, contexts, bs, capacity, names, params, unique,
     if bad or not routers:
         raise CLIError(f"unknown router {', '.join(bad) or '(none)'}; known: {', '.join(known)}")
     router_params = parse_params(args.router_param, scoped=False)
-    tiering = tiering_config(args)
+    base_profile = resolve_profile(args)
+    tiering = tiering_config(args, base_profile)
     if tiering is not None and POOLED in routers:
         raise CLIError("--tiering needs one pool per replica: not with --router pooled")
     if args.agent_hints:
         for c, r in zip(contexts, records):
             c.agent_hint = r.agent
     try:
-        profile = get_profile(args.profile).with_(block_size=bs)
+        profile = base_profile.with_(block_size=bs)
         cfg = TimedConfig(profile, replicas=args.replicas, mode=args.arrivals,
                           time_scale=args.time_scale, think_s=args.think_s,
                           warmup_s=args.warmup_s, capacity_blocks=capacity,
@@ -274,7 +285,10 @@ def run_timed_mode(args, records, contexts, bs, capacity, names, params, unique,
                 if r["router"] == router:
                     r["belady_gap"] = bel[0]["hit_rate"] - r["hit_rate"]
     out = {
-        "trace": args.trace, "mode": "timed", "profile": args.profile, "arrivals": args.arrivals,
+        "trace": args.trace, "mode": "timed", "profile": profile.name,
+        "profile_source": profile.source,
+        "calibration": args.calibration or (args.profile if profile.measured else None),
+        "arrivals": args.arrivals,
         "admission": args.admission,
         "tiering": args.tiering,
         "replicas": args.replicas, "router": args.router, "block_size": bs,
@@ -287,8 +301,8 @@ def run_timed_mode(args, records, contexts, bs, capacity, names, params, unique,
         sys.stdout.write("\n")
         return 0
     print(f"trace {args.trace}: {len(records)} requests, block size {bs}, profile "
-          f"{args.profile}, {args.replicas} replicas x {cfg.capacity} blocks, "
-          f"{args.arrivals}-loop arrivals")
+          f"{profile.name} ({profile.source.partition(':')[0] or 'derived'}), "
+          f"{args.replicas} replicas x {cfg.capacity} blocks, {args.arrivals}-loop arrivals")
     print(format_timed_table(results))
     for r in results:
         if "bytes_moved" in r:
@@ -298,8 +312,27 @@ def run_timed_mode(args, records, contexts, bs, capacity, names, params, unique,
     return 0
 
 
-def tiering_config(args):
-    """The ``--tiering`` options as a ``TieringConfig`` (None when off); CLIError if bad."""
+def resolve_profile(args):
+    """The profile ``--profile`` / ``--calibration`` name; CLIError if bad."""
+    from anchorage.cli import CLIError
+    from anchorage.sim.profiles import HardwareProfile, get_profile
+
+    try:
+        if args.calibration:
+            prof = HardwareProfile.from_calibration(args.calibration)
+            if args.profile and args.profile != prof.name:
+                raise CLIError(f"--calibration {args.calibration} measured {prof.name}, "
+                               f"not --profile {args.profile}")
+            return prof
+        return get_profile(args.profile or "h200-llama3-8b")
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+
+
+def tiering_config(args, profile=None):
+    """The ``--tiering`` options as a ``TieringConfig`` (None when off); CLIError if bad.
+    The host link is ``--host-bw-gbs`` each way if given, else ``profile``'s measured one
+    (``HostTierConfig.for_profile``), else the host tier's default."""
     from anchorage.cli import CLIError
 
     if getattr(args, "tiering", "off") == "off":
@@ -310,9 +343,11 @@ def tiering_config(args):
     from anchorage.tiering.sim import TieringConfig
     from anchorage.tiering.temporal import GateParams
     try:
-        host = HostTierConfig(capacity_bytes=args.host_tier_gb * GB,
-                              d2h_bytes_s=args.host_bw_gbs * GB,
-                              h2d_bytes_s=args.host_bw_gbs * GB)
+        bw = None if args.host_bw_gbs is None else args.host_bw_gbs * GB
+        fields = {"capacity_bytes": args.host_tier_gb * GB, "d2h_bytes_s": bw,
+                  "h2d_bytes_s": bw}
+        host = (HostTierConfig.for_profile(profile, **fields) if profile is not None else
+                HostTierConfig(**{k: v for k, v in fields.items() if v is not None}))
         gate = (GateParams() if args.offload_watermark is None
                 else GateParams(watermark=args.offload_watermark))
         return TieringConfig(mode=args.tiering, host=host, gate=gate)

@@ -14,7 +14,10 @@ each after ``c`` tokens of context). With ``P`` parameters, ``l`` layers, hidden
   sum_decode (c + 1))`` (KV read by attention) ``+ kv T`` (KV written);
 - time   ``t = max(F / (g peak mfu), B / (g bw mbu)) + overhead + comm`` over ``g``
   tensor-parallel devices, where ``comm = 2 l (latency + 2 (g-1)/g T d bytes / link_bw)``
-  (two ring all-reduces of the activations per layer), 0 for ``g = 1``.
+  (two ring all-reduces of the activations per layer), 0 for ``g = 1``. A profile with
+  ``attn_mfu`` set (a measured one, ``anchorage.sim.calibration``) splits the compute term:
+  ``F_gemm / (g peak mfu) + F_attn / (g peak attn_mfu)`` (``F_gemm = 2 P T``, ``F_attn`` the
+  attention FLOPs above); without it both run at ``mfu``.
 
 Prefill is compute-bound (``F`` dominates for chunks of hundreds of tokens), decode is
 bandwidth-bound (weights plus the KV of every running sequence): the regime change is
@@ -51,10 +54,9 @@ def step_time_s(profile: HardwareProfile, prefill: Iterable[tuple[int, int]],
     kv_tokens_read += ctx_dec
     if tokens == 0:
         return 0.0
-    flops = 2.0 * m.params * tokens + attn_flops
     nbytes = m.weight_bytes + m.kv_bytes_per_token * (kv_tokens_read + tokens)
     g = profile.devices
-    t_compute = flops / (g * profile.peak_flops * profile.mfu)
+    t_compute = compute_time_s(profile, 2.0 * m.params * tokens, attn_flops)
     t_memory = nbytes / (g * profile.mem_bw_bytes_s * profile.mbu)
     t = max(t_compute, t_memory) + profile.step_overhead_s
     if g > 1 and profile.link_bw_bytes_s > 0:
@@ -62,3 +64,20 @@ def step_time_s(profile: HardwareProfile, prefill: Iterable[tuple[int, int]],
         t += 2 * m.layers * (profile.link_latency_s
                              + 2.0 * (g - 1) / g * act / profile.link_bw_bytes_s)
     return t
+
+
+def compute_time_s(profile: HardwareProfile, gemm_flops: float, attn_flops: float) -> float:
+    """The compute term: weight-GEMM and attention FLOPs over the devices' effective rate
+    (attention at ``attn_mfu`` when the profile has one, else at ``mfu``)."""
+    rate = profile.devices * profile.peak_flops
+    if profile.attn_mfu is None:
+        return (gemm_flops + attn_flops) / (rate * profile.mfu)
+    return gemm_flops / (rate * profile.mfu) + attn_flops / (rate * profile.attn_mfu)
+
+
+def prefill_flops(model, n_tokens: int, context_tokens: int) -> tuple[float, float]:
+    """(weight-GEMM, attention) FLOPs of ``n`` new tokens after ``c`` cached:
+    ``2 P n`` and ``4 l d n (c + (n + 1) / 2)``."""
+    return (2.0 * model.params * n_tokens,
+            4.0 * model.layers * model.hidden * n_tokens
+            * (context_tokens + (n_tokens + 1) / 2.0))

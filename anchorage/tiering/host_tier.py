@@ -27,8 +27,13 @@ blocks), as vLLM's CPU offload keeps its copies.
 ``recompute_s(profile, context_tokens, n_tokens)``: what the alternative to a transfer
 costs, the prefill compute of ``n`` tokens after ``c`` tokens of context, with the FLOPs
 of ``anchorage.sim.costmodel`` (``2 P n + 4 l d n (c + (n + 1) / 2)``) over the devices'
-effective FLOP/s (``g x peak x mfu``): the marginal time they add to a compute-bound
+effective FLOP/s (``g x peak x mfu``; attention at ``attn_mfu`` where the profile has one:
+``costmodel.compute_time_s``): the marginal time they add to a compute-bound
 prefill step (the weights are read once per step whatever it holds).
+
+``HostTierConfig.for_profile(profile, ...)``: the link a profile measured
+(``host_d2h_bytes_s``, ``host_h2d_bytes_s``, ``host_link_latency_s``, set by a calibration
+file), the defaults above where it measured none; explicit arguments win.
 """
 
 from __future__ import annotations
@@ -42,12 +47,11 @@ GB = 1e9
 
 def recompute_s(profile, context_tokens: int, n_tokens: int) -> float:
     """Prefill compute time of ``n_tokens`` after ``context_tokens`` (seconds)."""
+    from anchorage.sim.costmodel import compute_time_s, prefill_flops
+
     if n_tokens <= 0:
         return 0.0
-    m = profile.model
-    flops = n_tokens * (2.0 * m.params
-                        + 4.0 * m.layers * m.hidden * (context_tokens + (n_tokens + 1) / 2.0))
-    return flops / (profile.devices * profile.peak_flops * profile.mfu)
+    return compute_time_s(profile, *prefill_flops(profile.model, n_tokens, context_tokens))
 
 
 def block_bytes(model, block_size: int) -> int:
@@ -73,6 +77,17 @@ class HostTierConfig:
 
     def capacity_blocks(self, bytes_per_block: int) -> int:
         return int(self.capacity_bytes // max(1, bytes_per_block))
+
+    @classmethod
+    def for_profile(cls, profile, **explicit) -> "HostTierConfig":
+        """This config with the profile's measured link where it has one; ``explicit``
+        fields (e.g. ``d2h_bytes_s``) win over both."""
+        measured = {"d2h_bytes_s": profile.host_d2h_bytes_s,
+                    "h2d_bytes_s": profile.host_h2d_bytes_s,
+                    "latency_s": profile.host_link_latency_s}
+        fields = {k: v for k, v in measured.items() if v is not None}
+        fields.update({k: v for k, v in explicit.items() if v is not None})
+        return cls(**fields)
 
 
 class Link:
