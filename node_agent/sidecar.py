@@ -40,6 +40,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from anchorage.access_log import AccessLogConfig, AccessLogSampler
+from anchorage.prometheus_text import sums
 from anchorage.trace.format import TraceHeader, dumps_trace
 from anchorage.warmup import (ReloadConfig, ReloadScheduler, WarmupConfig, WarmupScheduler,
                               reload_body)
@@ -127,15 +128,13 @@ class WarmupLedger:
             del self.pending[agent]
 
 
+ENGINE_LOAD = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+
+
 def parse_engine_load(text: str) -> tuple[int, int]:
     """(running, waiting) from vLLM's Prometheus text (summed over label sets)."""
-    running = waiting = 0.0
-    for line in text.splitlines():
-        if line.startswith("vllm:num_requests_running"):
-            running += float(line.rsplit(" ", 1)[1])
-        elif line.startswith("vllm:num_requests_waiting"):
-            waiting += float(line.rsplit(" ", 1)[1])
-    return int(running), int(waiting)
+    got = sums(text, ENGINE_LOAD)
+    return int(got.get(ENGINE_LOAD[0], 0.0)), int(got.get(ENGINE_LOAD[1], 0.0))
 
 
 def read_config_file(path: str) -> tuple[int, dict[str, Any]]:
