@@ -68,9 +68,6 @@ class PrefixOwnership:
         while len(own) > self.max_keys:
             own.popitem(last=False)
 
-    def is_shared(self, key: Hashable) -> bool:
-        return self._owner.get(key) is SHARED
-
     def anchor_length(self, keys: Sequence[Hashable]) -> int:
         own = self._owner
         n = 0

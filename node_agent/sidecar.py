@@ -21,7 +21,8 @@ Runs next to one engine (asyncio, one process). Every ``tick_s``:
 HTTP (bound to 127.0.0.1 unless told otherwise): ``/metrics``, ``/healthz`` (the loop
 runs), ``/readyz`` (the engine answered and the snapshot is fresh; with the plugin off,
 the engine alone), ``/v1/access-log`` and ``/access-log`` (anchorage-trace/v1 JSONL; add
-``?drain=1`` to empty the buffer). SIGTERM/SIGINT stop it gracefully.
+``?drain=1`` to empty the buffer); the table of answers is in ``node_agent.endpoints``.
+SIGTERM/SIGINT stop it gracefully.
 """
 
 from __future__ import annotations
@@ -37,12 +38,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 from anchorage.access_log import AccessLogConfig, AccessLogSampler
+from anchorage.prometheus_text import sums
 from anchorage.trace.format import TraceHeader, dumps_trace
 from anchorage.warmup import (ReloadConfig, ReloadScheduler, WarmupConfig, WarmupScheduler,
                               reload_body)
+from anchorage.node_agent.endpoints import HTTPServer, build_app
 from anchorage.node_agent.kv_events import CacheTracker, KVEventSubscriber, anchor_key
 from anchorage.node_agent.metrics import MetricsView, make_registry
 from anchorage.node_agent.state import (Snapshot, StateError, read_snapshot, state_path,
@@ -127,15 +129,13 @@ class WarmupLedger:
             del self.pending[agent]
 
 
+ENGINE_LOAD = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+
+
 def parse_engine_load(text: str) -> tuple[int, int]:
     """(running, waiting) from vLLM's Prometheus text (summed over label sets)."""
-    running = waiting = 0.0
-    for line in text.splitlines():
-        if line.startswith("vllm:num_requests_running"):
-            running += float(line.rsplit(" ", 1)[1])
-        elif line.startswith("vllm:num_requests_waiting"):
-            waiting += float(line.rsplit(" ", 1)[1])
-    return int(running), int(waiting)
+    got = sums(text, ENGINE_LOAD)
+    return int(got.get(ENGINE_LOAD[0], 0.0)), int(got.get(ENGINE_LOAD[1], 0.0))
 
 
 def read_config_file(path: str) -> tuple[int, dict[str, Any]]:
@@ -180,7 +180,7 @@ class Sidecar:
         self._skip_counted: dict[str, float] = {}
         self._inflight: set[asyncio.Task] = set()
         self._stop = asyncio.Event()
-        self._server: asyncio.base_events.Server | None = None
+        self._server: HTTPServer | None = None
         self._client = None
         self.registry = make_registry(self.metrics_view)
         self.ticks = 0
@@ -397,59 +397,16 @@ class Sidecar:
         self.ledger.add(agent, key, time.time())
         log.debug("warmed %s (%d tokens)", agent, len(token_ids))
 
-    # -- HTTP -----------------------------------------------------------------------------
+    # -- HTTP (node_agent.endpoints) ------------------------------------------------------
 
-    def _route(self, method: str, target: str) -> tuple[int, str, bytes]:
-        url = urlsplit(target)
-        path = url.path
-        if method != "GET":
-            return 405, "text/plain", b"only GET\n"
-        if path == "/metrics":
-            from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
-            return 200, CONTENT_TYPE_LATEST, generate_latest(self.registry)
-        if path == "/healthz":
-            return 200, "text/plain", b"ok\n"
-        if path == "/readyz":
-            ok, why = self.ready()
-            return (200 if ok else 503), "text/plain", (why + "\n").encode()
-        if path in ("/v1/access-log", "/access-log"):
-            q = parse_qs(url.query)
-            drain = q.get("drain", ["0"])[0] in ("1", "true", "yes")
-            recs = self.access_log.drain() if drain else self.access_log.snapshot()
-            bs = self.snapshot.block_size if self.snapshot and self.snapshot.block_size else (
-                self.access_log.config.block_size)
-            text = dumps_trace(recs, TraceHeader(block_size=bs,
-                                                 source="anchorage node-agent access log"))
-            return 200, "application/x-ndjson", text.encode()
-        return 404, "text/plain", b"not found\n"
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            line = await asyncio.wait_for(reader.readline(), 10)
-            parts = line.decode("latin-1").split()
-            while True:  # headers (ignored)
-                h = await asyncio.wait_for(reader.readline(), 10)
-                if h in (b"\r\n", b"\n", b""):
-                    break
-            if len(parts) < 2:
-                status, ctype, body = 400, "text/plain", b"bad request\n"
-            else:
-                try:
-                    status, ctype, body = self._route(parts[0], parts[1])
-                except Exception:  # noqa: BLE001
-                    log.exception("error serving %s", parts[1])
-                    status, ctype, body = 500, "text/plain", b"internal error\n"
-            reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-                      500: "Internal Server Error", 503: "Service Unavailable"}[status]
-            writer.write(f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\n"
-                         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
-                         + body)
-            await writer.drain()
-        except (asyncio.TimeoutError, ConnectionError):
-            pass
-        finally:
-            writer.close()
+    def access_log_text(self, drain: bool) -> str:
+        """The access log as anchorage-trace/v1 JSONL (header line, then records); ``drain``
+        empties the buffer."""
+        recs = self.access_log.drain() if drain else self.access_log.snapshot()
+        bs = self.snapshot.block_size if self.snapshot and self.snapshot.block_size else (
+            self.access_log.config.block_size)
+        return dumps_trace(recs, TraceHeader(block_size=bs,
+                                             source="anchorage node-agent access log"))
 
     # -- life cycle -----------------------------------------------------------------------
 
@@ -463,9 +420,10 @@ class Sidecar:
                            access_log_sample_rate=self.cfg.access_log.sample_rate)
         except OSError as exc:
             log.warning("cannot write settings to %s: %s", self.cfg.state_dir, exc)
+        self._server = HTTPServer(build_app(self), self.cfg.host, self.cfg.port)
+        self.port = self._server.port
         self._client = httpx.AsyncClient()
-        self._server = await asyncio.start_server(self._handle, self.cfg.host, self.cfg.port)
-        self.port = self._server.sockets[0].getsockname()[1]
+        await self._server.start()
         log.info("node agent on http://%s:%d (engine %s, KV events %s, state %s)",
                  self.cfg.host, self.port, self.cfg.engine_url, self.cfg.kv_events,
                  self.state_file)
@@ -489,8 +447,7 @@ class Sidecar:
         if self._inflight:
             await asyncio.wait(list(self._inflight), timeout=5)
         if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
+            await self._server.stop()
         if self._client is not None:
             await self._client.aclose()
         if self.subscriber is not None:

@@ -1,6 +1,5 @@
 """Replica discovery: where the upstream vLLM replicas are.
 
-- ``StaticSource(urls)``: a fixed list.
 - ``KubernetesSource(api, namespace, selector, port, kind)``: the ready addresses of the
   ``Endpoints`` (core/v1; every server version) or ``EndpointSlice`` (discovery.k8s.io/v1)
   objects matching a label selector, as ``http://<ip>:<port>`` URLs. ``urls_from(objs)`` is
@@ -22,14 +21,6 @@ import time
 from typing import Any, Callable, Iterable, Iterator, Protocol
 
 log = logging.getLogger("anchorage.router.discovery")
-
-
-class StaticSource:
-    def __init__(self, urls: Iterable[str]) -> None:
-        self._urls = list(urls)
-
-    def urls(self) -> list[str]:
-        return list(self._urls)
 
 
 class EndpointsAPI(Protocol):

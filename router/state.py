@@ -27,13 +27,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import re
 import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 from typing import Any, Iterable
 
 from anchorage.policies.base import RequestContext
+from anchorage.prometheus_text import sums
 from anchorage.routing import NoReplicaError, ReplicaView, make_router
 from anchorage.routing.vllm_events import VLLMEventTranslator
 from anchorage.router.config import RouterConfig
@@ -43,7 +43,6 @@ log = logging.getLogger("anchorage.router")
 
 _GAUGES = {"vllm:num_requests_waiting": "waiting", "vllm:num_requests_running": "running",
            "vllm:kv_cache_usage_perc": "kv_usage"}
-_LINE = re.compile(r"^(vllm:[a-z_]+)(?:\{[^}]*\})?\s+([0-9.eE+-]+)$")
 
 
 @dataclass
@@ -61,13 +60,7 @@ class Upstream:
 
 def parse_vllm_gauges(text: str) -> dict[str, float]:
     """Sum of each known vLLM gauge over its label sets (one engine per replica)."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        m = _LINE.match(line)
-        if m and m.group(1) in _GAUGES:
-            k = _GAUGES[m.group(1)]
-            out[k] = out.get(k, 0.0) + float(m.group(2))
-    return out
+    return {_GAUGES[name]: v for name, v in sums(text, _GAUGES).items()}
 
 
 class RoutingState:

@@ -21,7 +21,6 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-CONFIGS = {"stock": ("off", "round_robin"), "anchorage": ("hybrid", "agent")}
 NETNS_ENV = "ANCHORAGE_DEMO_NETNS"
 
 

@@ -3,7 +3,10 @@ prefill counters from each engine's ``/metrics``, before and after a run."""
 
 from __future__ import annotations
 
+import math
 import urllib.request
+
+from anchorage.prometheus_text import samples, sums
 
 COUNTERS = {"vllm:prefix_cache_queries_total": "queries", "vllm:prefix_cache_hits_total": "hits",
             "vllm:prompt_tokens_total": "prompt_tokens"}
@@ -11,16 +14,8 @@ COUNTERS = {"vllm:prefix_cache_queries_total": "queries", "vllm:prefix_cache_hit
 
 def parse(text: str) -> dict[str, float]:
     out = {v: 0.0 for v in COUNTERS.values()}
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        key = COUNTERS.get(name)
-        if key:
-            try:
-                out[key] += float(line.rsplit(" ", 1)[1])
-            except ValueError:
-                pass
+    for name, v in sums(text, COUNTERS).items():
+        out[COUNTERS[name]] += v
     return out
 
 
@@ -32,7 +27,7 @@ def _scrape_sum(urls: list[str], parse_fn, timeout: float,
         try:
             with urllib.request.urlopen(u.rstrip("/") + "/metrics", timeout=timeout) as r:  # noqa: S310
                 got = parse_fn(r.read().decode(errors="replace"))
-        except OSError:
+        except (OSError, ValueError):  # unreachable, or not Prometheus text
             return None
         for k, v in got.items():
             total[k] = total.get(k, 0.0) + v
@@ -57,20 +52,12 @@ NODE_AGENT = {"anchorage_policy_errors_total": "policy_errors",
 def parse_node_agent(text: str) -> dict[str, float]:
     """Node-agent counters summed over labels; warm-ups split by ``outcome``."""
     out: dict[str, float] = {"policy_errors": 0.0, "evictions": 0.0}
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        key = NODE_AGENT.get(name)
-        if not key:
-            continue
-        try:
-            value = float(line.rsplit(" ", 1)[1])
-        except ValueError:
+    for name, labels, value in samples(text, NODE_AGENT):
+        key = NODE_AGENT[name]
+        if not math.isfinite(value):
             continue
         if key == "warmups":
-            outcome = line.split('outcome="', 1)[1].split('"', 1)[0] if 'outcome="' in line else "?"
-            key = f"warmups_{outcome}"
+            key = f"warmups_{labels.get('outcome', '?')}"
         out[key] = out.get(key, 0.0) + value
     return out
 

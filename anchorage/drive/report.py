@@ -10,11 +10,11 @@ prefix_cache hits / queries over the run, warm-ups included; None without engine
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
 from anchorage.drive.replay import Result
+from anchorage.percentile import percentile
 
 FIELDS = [  # (key, label, format)
     ("requests", "requests", "{:d}"), ("failed", "failed", "{:d}"),
@@ -39,11 +39,9 @@ def _get(summary: dict[str, Any], key: str) -> Any:
     return cur
 
 
-def percentile(xs: list[float], q: float) -> float | None:
-    if not xs:
-        return None
-    s = sorted(xs)
-    return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
+def _percentile(xs: list[float], q: float) -> float | None:
+    """``anchorage.percentile`` (q in [0, 100]); None (JSON null) for no values."""
+    return percentile(xs, q) if xs else None
 
 
 def summarize(results: list[Result], wall_s: float, engines: dict[str, float] | None = None
@@ -60,8 +58,8 @@ def summarize(results: list[Result], wall_s: float, engines: dict[str, float] | 
         "hit_rate_engines": ((engines or {}).get("hits", 0.0) / q) if q else None,
         "prompt_tokens": prompt, "cached_tokens": cached,
         "recomputed_prefill_tokens": prompt - cached,
-        "ttft_p50_s": percentile(ttfts, 0.5), "ttft_p90_s": percentile(ttfts, 0.9),
-        "latency_p50_s": percentile([r.latency_s for r in ok], 0.5),
+        "ttft_p50_s": _percentile(ttfts, 50), "ttft_p90_s": _percentile(ttfts, 90),
+        "latency_p50_s": _percentile([r.latency_s for r in ok], 50),
         "turns_per_s": len(ok) / wall_s if wall_s > 0 else 0.0, "wall_s": wall_s,
         "engine_counters": engines,
     }

@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import random
 from typing import Sequence
 
 from anchorage.routing.base import ReplicaView
@@ -42,12 +41,3 @@ def is_imbalanced(loads: Sequence[float], abs_t: float, rel_t: float) -> bool:
 def overloaded(load: float, mean: float, ratio: float, abs_t: float) -> bool:
     return load > ratio * mean + abs_t
 
-
-def least_loaded(replicas: Sequence[ReplicaView], positions: Sequence[int],
-                 rng: random.Random | None = None, kv_weight: float = 1.0,
-                 tokens_per_request: float = TOKENS_PER_REQUEST) -> int:
-    """Position of the least loaded replica among ``positions`` (random tie break)."""
-    score = {p: load_score(replicas[p], kv_weight, tokens_per_request) for p in positions}
-    best = min(score.values())
-    ties = [p for p in positions if score[p] == best]
-    return ties[0] if len(ties) == 1 or rng is None else rng.choice(ties)

@@ -43,6 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Sequence
 
+from anchorage.percentile import percentile
 from anchorage.policies.base import EvictionPolicy, RequestContext
 from anchorage.policies.registry import make_policy
 from anchorage.pool.block_pool import BlockPool
@@ -307,17 +308,6 @@ class ClusterSim:
 
 # ---------------------------------------------------------------------------------------
 # Reports
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile (q in [0, 100]); NaN for no values."""
-    if not values:
-        return math.nan
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
 
 def _mean(xs: Sequence[float]) -> float:
     return sum(xs) / len(xs) if xs else math.nan

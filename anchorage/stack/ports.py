@@ -19,10 +19,6 @@ FREE_PORT_LOW = 20000
 _TRIES = 200
 
 
-class PortInUse(RuntimeError):
-    pass
-
-
 @dataclass(frozen=True)
 class Ports:
     router: int
@@ -86,9 +82,3 @@ def layout(engines: int, base_port: int = 0) -> Ports:
             ports.append(p)
     return Ports(ports[0], ports[1], tuple(ports[2:2 + engines]), tuple(ports[2 + engines:]))
 
-
-def check_free(ports: Ports, host: str = "127.0.0.1") -> None:
-    for name, port in ports.all():
-        if not is_free(port, host):
-            raise PortInUse(f"port {port} ({name}) is already in use on {host}; "
-                            "pick another --base-port")

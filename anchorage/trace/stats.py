@@ -16,10 +16,10 @@
 
 from __future__ import annotations
 
-import math
 import zlib
 from typing import Any, Hashable, Iterable, Sequence
 
+from anchorage.percentile import percentiles
 from anchorage.sim.replay import infinite_hit_rate, make_contexts
 from anchorage.trace.format import TraceReader
 
@@ -28,14 +28,9 @@ _MASK = 0xFFFFFFFF
 
 
 def _percentiles(values: list[float], qs: Sequence[float]) -> dict[str, float | None]:
-    if not values:
-        return {f"p{int(q * 100)}": None for q in qs}
-    v = sorted(values)
-    out = {}
-    for q in qs:
-        idx = min(len(v) - 1, max(0, math.ceil(q * len(v)) - 1))
-        out[f"p{int(q * 100)}"] = v[idx]
-    return out
+    """``{"p50": ...}`` for ``qs`` in [0, 1] (``anchorage.percentile``); None for no values."""
+    got = percentiles(values, [q * 100 for q in qs]) if values else [None] * len(qs)
+    return {f"p{int(q * 100)}": v for q, v in zip(qs, got)}
 
 
 class _Fenwick:
