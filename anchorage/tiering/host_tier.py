@@ -74,6 +74,14 @@ class HostTierConfig:
     def capacity_blocks(self, bytes_per_block: int) -> int:
         return int(self.capacity_bytes // max(1, bytes_per_block))
 
+    def d2h_s(self, nbytes: float) -> float:
+        """Duration of one device-to-host transfer of ``nbytes``, the link idle."""
+        return self.latency_s + nbytes / self.d2h_bytes_s
+
+    def h2d_s(self, nbytes: float) -> float:
+        """Duration of one host-to-device transfer of ``nbytes``, the link idle."""
+        return self.latency_s + nbytes / self.h2d_bytes_s
+
 
 class Link:
     """One transfer direction: FIFO, ``latency + bytes / bandwidth`` per transfer."""
