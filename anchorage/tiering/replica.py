@@ -52,8 +52,6 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 from anchorage.policies.base import RequestContext
-from anchorage.policies.transitions import TransitionLearner
-from anchorage.tiering import spatial as sp
 from anchorage.tiering.controller import (
     PoolReading,
     SessionReading,
@@ -64,6 +62,7 @@ from anchorage.tiering.controller import (
 from anchorage.tiering.eviction import TieredEviction
 from anchorage.tiering.host_tier import HostTier, block_bytes, recompute_s
 from anchorage.tiering.params import TieringConfig
+from anchorage.tiering.sim_spatial import SimSpatial
 
 
 def agent_of(ctx: RequestContext) -> Hashable:
@@ -114,14 +113,12 @@ class SimTiering:
         self.bb = self.host.block_bytes
         self.tool_stop = tool_stop
         self.ctl = TemporalController(cfg, self.pool.capacity_blocks, turnover_start_s=0.0)
-        self.trans = TransitionLearner()
+        self.spatial = (SimSpatial(rep, cfg, self.policy, agent_of)
+                        if cfg.mode == "tokencake" else None)
         self.sessions: dict[Hashable, _Session] = {}
         self._d2h: list = []     # (done_s, seq, session) copies out in flight
         self._due: list = []     # (reload_at_s, seq, session) warm-ups to start
         self._seq = 0
-        self.crit: dict[Hashable, float] = {}
-        self._next_spatial = 0.0
-        self._sorted = True
         n = prof.max_num_batched_tokens
         self.tokens_per_s = n / step_time_s(prof, [(n, 0)])
         self.gated = cfg.mode in ("temporal", "tokencake")  # the naive modes move everything
@@ -129,9 +126,6 @@ class SimTiering:
         self.reloads = self.reload_blocks = self.demand_reloads = 0
         self.outcomes: Counter = Counter()
         self.reload_gate: Counter = Counter()  # reload_no_room, reload_low_saving
-        self.reserved_sum: Counter = Counter()
-        self.reserved_max: Counter = Counter()
-        self.spatial_updates = 0
         self.rep_now = 0.0
 
     # -- readings -------------------------------------------------------------------------
@@ -164,7 +158,8 @@ class SimTiering:
 
     def on_arrival(self, req) -> None:
         sid = req.session
-        self._sorted = False
+        if self.spatial is not None:
+            self.spatial.sorted = False
         if sid is None:
             return
         st = self.sessions.get(sid)
@@ -177,8 +172,8 @@ class SimTiering:
             if st.tool_stop:
                 self.ctl.returned(sid, now)
             st.stall = None
-            if self.mode == "tokencake" and st.agent is not None:
-                self.trans.observe(st.agent, agent)
+            if self.spatial is not None and st.agent is not None:
+                self.spatial.transition(st.agent, agent)
             if (st.offloaded and st.demote and self.cfg.queue_wait
                     and math.isfinite(st.stall_s) and now >= st.offload_done_s):
                 # back from the tool: its blocks are used at admission, expected in wait_s
@@ -201,23 +196,13 @@ class SimTiering:
             _, _, st = heapq.heappop(due)
             if st.pending and st.offloaded and not st.reload_started:
                 self._start_reload(st, now)
-        if self.mode == "tokencake" and now >= self._next_spatial:
-            self._next_spatial = now + self.cfg.spatial_interval_s
-            self._spatial(now)
+        if self.spatial is not None and self.spatial.due(now):
+            self.spatial.update(now, [st.agent for st in self.sessions.values() if st.pending],
+                                self._load)
 
     def order_waiting(self, now: float) -> None:
-        if self.mode != "tokencake" or self._sorted or not self.crit:
-            return
-        self._sorted = True
-        w = self.rep.waiting
-        if len(w) < 2:
-            return
-        crit = self.crit
-        boost = self.cfg.spatial.boost_s
-        items = sorted(w, key=lambda r: sp.admission_rank(
-            r.preemptions > 0, crit.get(agent_of(r.ctx), 0.0), r.arrival_s, boost))
-        w.clear()
-        w.extend(items)
+        if self.spatial is not None:
+            self.spatial.order_waiting()
 
     def on_admit(self, req, alloc, now: float) -> tuple[int, int, float]:
         """(warm-up blocks hit, blocks reloaded now, when the request may run)."""
@@ -298,7 +283,7 @@ class SimTiering:
             d2h_wait_s=max(0.0, self.host.d2h.busy_until - now))
         session = SessionReading(gpu_blocks=n_gpu, copy_blocks=n_new,
                                  recompute_s=self._recompute_s(0, n_gpu))
-        crit = self.crit.get(st.agent, 0.0) if self.mode == "tokencake" else 0.0
+        crit = self.spatial.criticality(st.agent) if self.spatial is not None else 0.0
         self.ctl.observe_evictions(pool.stats.evictions, self.rep_now)
         stall = st.stall
         self.ctl.plan(stall, session, reading, crit)
@@ -390,42 +375,9 @@ class SimTiering:
         self.reloads += 1
         self.reload_blocks += n_host
 
-    # -- spatial --------------------------------------------------------------------------
-
-    def _spatial(self, now: float) -> None:
-        rep = self.rep
-        usage: Counter = Counter()
-        queue: Counter = Counter()
-        active: Counter = Counter()
-        for r in rep.running:
-            a = agent_of(r.ctx)
-            if r.alloc is not None:
-                usage[a] += len(r.alloc.blocks)
-            active[a] += 1
-        for r in rep.waiting:
-            a = agent_of(r.ctx)
-            queue[a] += 1
-            active[a] += 1
-        for st in self.sessions.values():
-            if st.pending:
-                active[st.agent] += 1
-        agents = set(usage) | set(queue) | set(active)
-        if not agents:
-            return
-        flow = sp.transition_flow(self.trans, agents)
-        scores = sp.agent_scores(flow, queue, usage, active, self.cfg.weights)
-        self.crit = sp.criticality(scores)
-        self._sorted = False
-        p = self.cfg.spatial
+    def _load(self) -> float:
         pool = self.pool
-        load = pressure(pool.capacity_blocks, pool.num_free_blocks, self._waiting())
-        total = int(sp.reserved_fraction(load, p) * pool.capacity_blocks)
-        shares = sp.split_reservation(total, sp.critical_agents(scores, p), usage, scores, p)
-        self.policy.set_reservation(shares, now)
-        self.spatial_updates += 1
-        for a, n in shares.items():
-            self.reserved_sum[a] += n
-            self.reserved_max[a] = max(self.reserved_max[a], n)
+        return pressure(pool.capacity_blocks, pool.num_free_blocks, self._waiting())
 
     # -- report ---------------------------------------------------------------------------
 

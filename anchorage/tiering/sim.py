@@ -48,6 +48,20 @@ def _merge(dicts: Sequence[dict]) -> dict:
     return out
 
 
+def _reserved_blocks(ctl: Sequence[SimTiering]) -> dict[str, dict[str, float]]:
+    """Mean (over all replicas' spatial updates) and max reserved blocks per agent."""
+    spatial = [c.spatial for c in ctl if c.spatial is not None]
+    n_upd = sum(s.updates for s in spatial)
+    res_sum: Counter = Counter()
+    res_max: Counter = Counter()
+    for s in spatial:
+        res_sum.update(s.reserved_sum)
+        for a, v in s.reserved_max.items():
+            res_max[a] = max(res_max[a], v)
+    return {str(a): {"mean": res_sum[a] / n_upd if n_upd else 0.0,
+            "max": res_max[a]} for a in res_sum}
+
+
 def run_tiered(records, contexts, cfg, policy: str, router: str = "session", *,
                tiering: TieringConfig | None = None,
                policy_params: dict[str, Any] | None = None,
@@ -88,15 +102,7 @@ def run_tiered(records, contexts, cfg, policy: str, router: str = "session", *,
     tot = _merge([c.counters() for c in ctl])
     tot["bytes_moved"] = tot["offload_bytes"] + tot["reload_bytes"]
     out.update(tot)
-    n_upd = sum(c.spatial_updates for c in ctl)
-    res_sum: Counter = Counter()
-    res_max: Counter = Counter()
-    for c in ctl:
-        res_sum.update(c.reserved_sum)
-        for a, v in c.reserved_max.items():
-            res_max[a] = max(res_max[a], v)
-    out["reserved_blocks"] = {str(a): {"mean": res_sum[a] / n_upd if n_upd else 0.0,
-                                       "max": res_max[a]} for a in res_sum}
+    out["reserved_blocks"] = _reserved_blocks(ctl)
     h = tiering.host
     out["tiering"] = {
         "mode": tiering.mode, "host_capacity_bytes": h.capacity_bytes,
