@@ -129,6 +129,25 @@ class EngineController(TemporalController):
         out.update({a: n for a, n in self.actions.items() if a != "offload"})
         return out
 
+    def stall(self, ctx: RequestContext, keys: list, reading: PoolReading,
+              criticality: float = 0.0) -> Stall:
+        """``ctx``'s turn ended in a tool call at ``ctx.now_s``, ``keys`` its leading prompt
+        blocks still cached: opens the stall, plans it when there are keys, and records an
+        accepted offload (host occupancy, ``reload_at``, d2h bytes). The caller acts on the
+        blocks (``st.action``)."""
+        now = ctx.now_s
+        st = self.turn_end(ctx.session_id, now, ctx.tool_name, ctx.tool_args,
+                           rid=ctx.request_id, agent=ctx.agent_hint, tenant=ctx.tenant)
+        if not keys:
+            return st
+        dec = self.plan(st, SessionReading(gpu_blocks=len(keys), copy_blocks=len(keys)),
+                        reading, criticality)
+        self.block_bytes = reading.block_bytes
+        if dec.offload:
+            self.offloaded(st, now, now + st.offload_s, keys)
+            self.bytes["d2h"] += st.blocks * reading.block_bytes
+        return st
+
     def request(self, ctx: RequestContext, now: float, cached: Any = ()) -> str | None:
         """A request of a session starts (``cached``: ``key in cached`` for the prefix
         cache). A warm-up starts the reload; a real request closes the stall. Returns the
@@ -271,31 +290,24 @@ class TemporalTiering(EngineTiering):
         return keys, ids
 
     def _turn_end(self, ctx: RequestContext) -> None:
-        ctl, view, now = self.temporal, self.pool, ctx.now_s
-        st = ctl.turn_end(ctx.session_id, now, ctx.tool_name, ctx.tool_args,
-                          rid=ctx.request_id, agent=ctx.agent_hint, tenant=ctx.tenant)
+        view = self.pool
         keys, ids = self.session_blocks(ctx)
-        if not keys:
-            return
         reading = PoolReading(
             capacity_blocks=view.capacity_blocks, free_blocks=view.num_free_blocks,
             cached_free_blocks=self.cached_free_blocks(),
             block_bytes=int(getattr(view, "bytes_per_block", 0) or 0),
-            waiting=view.waiting_demand())
+            waiting=view.waiting_demand() if keys else None)
         crit = (self.criticality.get(ctx.agent_hint, 0.0)
                 if self.spatial and ctx.agent_hint else 0.0)
-        dec = ctl.plan(st, SessionReading(gpu_blocks=len(keys), copy_blocks=len(keys)),
-                       reading, crit)
-        ctl.block_bytes = reading.block_bytes
+        st = self.temporal.stall(ctx, keys, reading, crit)
         ref = view.ref_cnt
         pairs = [(b, k) for b, k in zip(ids, keys) if ref[b] == 0]  # free: evictable
+        if not pairs:
+            return
         free = [b for b, _ in pairs]
-        if dec.offload:
-            ctl.offloaded(st, now, now + st.offload_s, keys)
-            ctl.bytes["d2h"] += st.blocks * reading.block_bytes
-            if free:
-                self.demote(reversed(free), st.reuse_s)  # a chain's tail first, as vLLM frees
-        elif st.action == "hold" and free:
+        if st.action == "offload":
+            self.demote(reversed(free), st.reuse_s)  # a chain's tail first, as vLLM frees
+        elif st.action == "hold":
             self.hold(reversed(free), st.hold_until)
             st.held = tuple(pairs)
 

@@ -20,7 +20,7 @@ from anchorage.node_agent.state import (
 from anchorage.node_agent.temporal import EngineController, TemporalParams, kv_block_bytes
 
 from anchorage.policies.base import RequestContext
-from anchorage.tiering.controller import PoolReading, SessionReading
+from anchorage.tiering.controller import PoolReading
 from anchorage.tiering.host_tier import HostTierConfig
 from anchorage.warmup import ReloadConfig, ReloadScheduler, reload_body
 
@@ -37,16 +37,7 @@ def ctx(rid, sid="s1", tool="search", now=0.0, warmup=False, keys=("k0", "k1")):
 
 
 def turn_end(c: EngineController, rid, now, reading=BUSY, tool="search", keys=("k0", "k1")):
-    """What ``TemporalTiering._turn_end`` does with the controller, without an engine."""
-    x = ctx(rid, tool=tool, keys=keys)
-    st = c.turn_end(x.session_id, now, x.tool_name, x.tool_args, rid=rid,
-                    agent=x.agent_hint, tenant=x.tenant)
-    dec = c.plan(st, SessionReading(len(keys), len(keys)), reading)
-    c.block_bytes = reading.block_bytes
-    if dec.offload:
-        c.offloaded(st, now, now + st.offload_s, keys)
-        c.bytes["d2h"] += st.blocks * reading.block_bytes
-    return dec
+    return c.stall(ctx(rid, tool=tool, keys=keys, now=now), list(keys), reading)
 
 
 def test_params_from_env_reach_the_engine():
@@ -107,7 +98,7 @@ def test_a_returning_session_feeds_the_forecaster_and_warmups_do_not():
 
 def test_reload_outcomes():
     c = EngineController(P)
-    assert offload_once(c, end=10.0, stall_obs=30.0).offload
+    assert offload_once(c, end=10.0, stall_obs=30.0).offloaded
     pend = c.pending()
     assert [s.sid for s in pend] == ["s1"] and pend[0].reload_at > 10.0
     # warm-up done, but the reloaded prefix left the cache before use: wasted
@@ -120,16 +111,24 @@ def test_reload_outcomes():
     c.request(ctx("r2", tool=None), 40.0, cached=set())
     assert c.reloads["wasted"] == 1
     # the session came back before any warm-up: late (the request loads itself)
-    assert turn_end(c, "r3", 50.0).offload
+    assert turn_end(c, "r3", 50.0).offloaded
     c.request(ctx("r4", tool=None), 51.0, cached={"k1"})
     assert c.reloads["late"] == 2  # the teaching stall came back before any warm-up too
     assert c.host_used_blocks == 0
     assert c.bytes["d2h"] == 3 * 2 * 2 * MIB  # the teaching stall offloaded too
 
 
+def test_a_stall_without_cached_blocks_is_not_gated_but_still_learns():
+    c = EngineController(P)
+    st = turn_end(c, "r1", 10.0, keys=())
+    assert st.reason is None and not c.gate and not c.actions and "s1" in c.stalls
+    c.request(ctx("r2", tool=None), 15.0)
+    assert c.forecast.observed == 1 and c.forecast.predict("search") == pytest.approx(5.0)
+
+
 def test_churn_blocks_a_second_move_within_two_seconds():
     c = EngineController(P)
-    assert offload_once(c, end=10.0, stall_obs=30.0).offload
+    assert offload_once(c, end=10.0, stall_obs=30.0).offloaded
     c.request(ctx("r2", tool=None), 10.5)
     assert turn_end(c, "r3", 11.0).reason == "churn"
     assert c.offloads["churn"] == 1 and c.offloads["backup"] + c.offloads["keep"] == 1
