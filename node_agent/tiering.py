@@ -1,8 +1,8 @@
 """Spatial tiering inside the engine: reserved GPU blocks for critical agents, through the
 plugin's eviction-policy hook (no engine fork). The temporal part (offload to host during
-tool stalls) needs a host tier: on the CUDA build vLLM's ``OffloadingConnector`` /
-``SimpleCPUOffloadConnector`` holds the copies; on the CPU build there is none, and the
-temporal policy is exercised in the simulator (``anchorage.tiering.sim``).
+tool stalls) is ``node_agent.temporal.TemporalTiering``, which extends this wrapper; on
+the CUDA build vLLM's ``OffloadingConnector`` / ``SimpleCPUOffloadConnector`` holds the
+host copies, on the CPU build there is no host tier (a reload recomputes).
 
 Specification
 -------------
@@ -141,8 +141,8 @@ class EngineTiering(TieredEviction):
 
     def tiering_view(self) -> dict[str, Any]:
         """What the plugin's snapshot carries (``state.policy_view``; plain data, read from
-        the exporter's thread): the mode and the reserved blocks per agent. No offload or
-        reload counters: the engine does no temporal tiering yet (docs/tiering.md)."""
+        the exporter's thread): the mode and the reserved blocks per agent (the offload and
+        reload counters are ``TemporalTiering``'s)."""
         from anchorage.node_agent.state import agent_label
 
         def label(a: Hashable) -> str:  # agent hints are the client's names

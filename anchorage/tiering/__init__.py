@@ -1,3 +1,4 @@
 """Stall-aware KV tiering (TokenCake): a host-memory tier, the temporal offload policy and
-the spatial reservation policy, plus their simulator adapter (``anchorage.tiering.sim``).
+its controller (``controller``, called by the simulator and the engine alike), the spatial
+reservation policy, and the simulator's adapter (``replica``, ``sim_spatial``, ``sim``).
 See ``docs/tiering.md``."""

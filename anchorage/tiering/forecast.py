@@ -14,8 +14,9 @@ EWMA once it has one stall (TokenCake: after the first observed execution); else
 tool may be given in ``estimates``, and it is blended 50/50 with the EWMA once history
 exists, as in TokenCake's forecasting).
 
-``IdleEstimate`` (the one source of these settings for the simulator's ``TieringConfig``
-and the engine's ``TemporalParams``, which both extend it): the idle time of a stalled
+``IdleEstimate`` (the one source of these settings: ``anchorage.tiering.params``'s
+``TemporalParams`` extends it, and the simulator's ``TieringConfig`` extends that): the
+idle time of a stalled
 session's KV, ``idle_s(stall, wait)`` = the forecaster's stall plus, with ``queue_wait``
 (default True), the measured admission wait (a returned request's prefix stays free and
 evictable until it is admitted); the wait is an EWMA of arrival-to-admission times,

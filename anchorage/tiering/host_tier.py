@@ -10,7 +10,8 @@ Per-block bytes come from the model profile:
 ``d2h_bytes_s`` / ``h2d_bytes_s`` (default 25 GB/s each way: PCIe Gen5 x16 peaks near
 55 GB/s, paged KV copies of 2 MiB blocks reach about half), ``latency_s`` per transfer
 (default 50 us: launch and synchronisation). ``capacity_blocks(block_bytes)`` =
-``capacity_bytes // block_bytes``.
+``capacity_bytes // block_bytes``; ``d2h_s(n)`` / ``h2d_s(n)``: one transfer of ``n``
+bytes each way, the link idle (``latency + n / bandwidth``).
 
 ``Link``: one direction of the PCIe link, FIFO. A transfer of ``n`` bytes asked at ``t``
 starts at ``max(t, busy_until)`` and ends ``latency + n / bandwidth`` later. Transfers
@@ -88,6 +89,14 @@ class HostTierConfig:
         fields = {k: v for k, v in measured.items() if v is not None}
         fields.update({k: v for k, v in explicit.items() if v is not None})
         return cls(**fields)
+
+    def d2h_s(self, nbytes: float) -> float:
+        """Duration of one device-to-host transfer of ``nbytes``, the link idle."""
+        return self.latency_s + nbytes / self.d2h_bytes_s
+
+    def h2d_s(self, nbytes: float) -> float:
+        """Duration of one host-to-device transfer of ``nbytes``, the link idle."""
+        return self.latency_s + nbytes / self.h2d_bytes_s
 
 
 class Link:

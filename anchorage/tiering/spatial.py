@@ -30,8 +30,8 @@ score but no usage still gets a share.
 Admission priority (``admission_rank``): preempted requests first (vLLM puts them at the
 head of the queue), then by ``arrival_s - boost_s x criticality`` (``boost_s`` 1 s): a
 critical agent's request overtakes requests that arrived up to ``boost_s`` before it,
-never older ones (strict priority starved the other agents' sessions: measured +30 %
-mean session time on the generated workload).
+never older ones (strict priority starves the other agents' sessions:
+``docs/research/tiering.md``).
 """
 
 from __future__ import annotations

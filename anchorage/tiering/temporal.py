@@ -1,5 +1,7 @@
 """Temporal policy (TokenCake section 4): offload a stalled session's KV to host memory
-only when it pays, and reload it just before the session comes back. Pure functions.
+only when it pays, and reload it just before the session comes back. Pure functions; the
+temporal controller (``anchorage.tiering.controller``) assembles their inputs from typed
+readings and keeps the per-session state, for the simulator and the engine alike.
 
 Specification
 -------------
@@ -31,13 +33,11 @@ Hard rejections, checked in this order (the decision's ``reason``):
 2. ``stall_short``: ``window_s <= 0`` (the stall does not cover the round trip);
 3. ``low_saving``: ``recompute_s < min_saving_ratio x reload_s``: the recomputation the
    reload saves is worth less than the link time it costs (benefit per byte; default
-   ratio 1, the break-even: on an H200 with a 25 GB/s link a Llama-3-8B block's prefill
-   takes 5.6x its transfer time, more with context, so the default never rejects there;
-   a higher ratio trades latency for bytes, longest contexts kept, since attention makes
-   their prefill dearer per byte). The copy out is not charged here: it is incremental
-   and each copied block serves every later return of the session (measured on the
-   generated workload: 94 % of copied blocks are read back, 4.2 times on average), so a
-   one-return account would reject every first copy, and with it every later one;
+   ratio 1, the break-even; a higher ratio trades latency for bytes, longest contexts
+   kept, since attention makes their prefill dearer per byte). The copy out is not
+   charged: it is incremental and each copied block serves every later return of the
+   session, so a one-return account would reject every first copy, and with it every
+   later one (measurements: ``docs/research/tiering.md``);
 4. ``low_pressure``: ``gpu_usage < watermark`` (default 0.5);
 5. ``no_fit``: no waiting request fits the freed blocks: first fit in queue order, the
    first request with ``demand <= free_blocks + freed_blocks`` and ``demand > 0`` whose

@@ -286,7 +286,7 @@ def test_temporal_tiering_renders_the_offload_connector(all_on_objects):
     from anchorage.node_agent.temporal import TemporalParams
 
     p = TemporalParams.from_env(env)  # what the plugin will read
-    assert (p.host_bytes, p.link_gbs) == (64 << 30, 50.0)
+    assert (p.host.capacity_bytes, p.host.h2d_bytes_s) == (64 << 30, 50e9)
     qwen = _containers(one(all_on_objects, "Deployment", "-qwen-7b"))["vllm"]
     i = qwen["args"].index("--kv-transfer-config")
     assert json.loads(qwen["args"][i + 1])["kv_connector_extra_config"] == {"cpu_bytes_to_use": 32 << 30}

@@ -26,6 +26,7 @@ from anchorage.node_agent.temporal import TemporalParams, TemporalTiering
 
 from anchorage.policies.registry import make_policy
 from anchorage.stack.tiny_model import TINY_LLAMA
+from anchorage.tiering.host_tier import HostTierConfig
 from anchorage.tiering.temporal import GateParams
 from anchorage.warmup import reload_body
 
@@ -70,8 +71,8 @@ def temporal(engine, monkeypatch):
     # queue_wait off: the admission wait is measured on the wall clock (vLLM's arrival
     # time), the stalls here on the test clock; the wait is checked on its own below
     policy = Recording(make_policy("lru", block_size=BS),
-                       TemporalParams(host_bytes=1 << 30, gate=GateParams(watermark=0.0),
-                                      queue_wait=False),
+                       TemporalParams(host=HostTierConfig(capacity_bytes=1 << 30),
+                                      gate=GateParams(watermark=0.0), queue_wait=False),
                        clock=clock)
     drv = vllm_block_pool.attach(engine.pool, policy)
     drv.state = NodeState(block_size=BS)  # the plugin's registry (prompts for reloads)
@@ -136,11 +137,15 @@ def stall_then_flood(engine, policy, drv, clock, tool: str):
     u_keys, s_keys = policy.keys["u"], policy.keys["s"]
     assert cached_blocks(drv, u_keys) == cached_blocks(drv, s_keys) == PROMPT_BLOCKS
     cached_free = len(list(policy.eviction_order()))
+    # the controller's reading of the cached free blocks, counted from the notifications
+    assert policy.cached_free_blocks() == cached_free == len(
+        vllm_block_pool.cached_free_block_ids(engine.pool))
     uncached_free = drv.view.num_free_blocks - cached_free
     k = uncached_free + 4  # the flood takes every uncached block and evicts 4 cached ones
     assert k * BS <= engine.max_model_len
     clock.t += 1.0
     run(engine, "f-1", tokens(3, k * BS - 1), "f")
+    assert policy.cached_free_blocks() == len(vllm_block_pool.cached_free_block_ids(engine.pool))
     return u_keys, s_keys, s_toks, end_s, before
 
 
@@ -241,7 +246,7 @@ def test_the_plugins_policy_factory_builds_the_temporal_wrapper(engine, monkeypa
     monkeypatch.setenv("ANCHORAGE_HOST_BYTES", str(8 << 30))
     p = vllm_block_pool._make_configured_policy(engine.pool)
     assert isinstance(p, TemporalTiering) and p.spatial
-    assert p.temporal.params.host_bytes == 8 << 30
+    assert p.temporal.params.host.capacity_bytes == 8 << 30
 
 
 def test_a_short_stall_is_held_until_expiry_and_never_blocks_an_allocation(temporal):
@@ -271,6 +276,7 @@ def test_a_short_stall_is_held_until_expiry_and_never_blocks_an_allocation(tempo
     run(engine, "f-1", tokens(3, k * BS - 1), "f")
     assert cached_blocks(drv, u_keys) == 0
     assert policy.held_evictions - held0 == 2
+    assert policy.cached_free_blocks() == len(vllm_block_pool.cached_free_block_ids(engine.pool))
     assert cached_blocks(drv, s_keys) == PROMPT_BLOCKS - 2
     # expiry: the next request's first admission attempt releases the hold (LRU again)
     clock.t = st.hold_until + 0.01

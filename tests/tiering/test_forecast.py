@@ -35,7 +35,7 @@ def test_idle_estimate_is_the_one_source_for_simulator_and_engine():
     assert est.next_wait(10.0, 20.0) == pytest.approx(12.0)
     assert est.next_wait(10.0, -5.0) == pytest.approx(8.0)  # a negative wait counts as 0
     assert IdleEstimate(default_stall_s=3.0).forecaster().predict("t") == 3.0
-    for cls, kw in ((TieringConfig, {}), (TemporalParams, {"host_bytes": 1})):
+    for cls, kw in ((TieringConfig, {}), (TemporalParams, {})):
         c = cls(**kw, wait_ewma=0.5, queue_wait=False)
         assert isinstance(c, IdleEstimate) and c.idle_s(1.0, 5.0) == 1.0
         assert c.next_wait(0.0, 4.0) == 2.0
