@@ -47,6 +47,10 @@ def pct(xs: list[float], q: float) -> float:
 
 
 class Workload:
+    """The decision-latency load model (module docstring): sessions that grow by one turn
+    each time the measuring loop routes them, so 10,000 sessions of up to 1,024 blocks are
+    never held as one trace (``anchorage.trace.toy`` is the batch toy generator)."""
+
     def __init__(self, sessions: int, agents: int, seed: int) -> None:
         self.rng = random.Random(seed)
         weights = [1 / (i + 1) for i in range(agents)]
