@@ -27,9 +27,13 @@ policies: setup-core
 test: setup
 	@bash scripts/run_tests.sh
 
-# Every benchmark in bench/ (long: about an hour here); results in bench/results/.
+# The headline benchmarks of bench/ with their defaults (long: about an hour here); results
+# in bench/results/. The others (router placement sweeps and bound, Ray Serve overhead,
+# oracle ladder, vLLM patch cost) take their own arguments: see BENCHMARKS.md.
+BENCHES := bench_demo bench_engine bench_foundation bench_node_state bench_policies \
+           bench_pool bench_router bench_tiering bench_timed
 bench: setup
-	@for b in bench/bench_*.py; do echo "== $$b"; $(VENV)/bin/python $$b || exit 1; done
+	@for b in $(BENCHES); do echo "== bench/$$b.py"; $(VENV)/bin/python -m bench.$$b || exit 1; done
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

@@ -26,20 +26,20 @@ policy vs stock vLLM, side by side in one process and one run.
     scheduler limits, its cost model's clock: ``sim_closed_loop``). Target: +10 points of
     hit rate and lower TTFT.
 
-    .venv/bin/python bench/bench_engine.py [--out bench/results/engine.json]
+    .venv/bin/python -m bench.bench_engine [--out bench/results/engine.json]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import random
 import statistics
 import sys
 import time
-from pathlib import Path
+
+from bench import harness
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -234,22 +234,6 @@ def in_flight_breakdown(args, ks: list[int]) -> dict:
     return out
 
 
-def git_state() -> dict:
-    """The commit measured, and the files of the code under test that differ from it."""
-    import subprocess
-
-    def git(*a: str) -> str:
-        try:
-            return subprocess.run(["git", *a], capture_output=True, text=True,
-                                  cwd=Path(__file__).resolve().parent.parent).stdout.strip()
-        except OSError:
-            return ""
-
-    return {"head": git("rev-parse", "HEAD"),
-            "modified": git("status", "--porcelain", "--", "anchorage/policies",
-                            "anchorage/pool", "anchorage/sim", "node_agent").splitlines()}
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--policy", default="hybrid")
@@ -294,12 +278,10 @@ def main(argv=None) -> int:
             p.error("--explain-in-flight: each k must be >= 1")
         print(f"in-flight breakdown (timed simulator): {args.topology}, {args.agents} agents, "
               f"{args.sessions} sessions, seed {args.seed}, {args.blocks} blocks", flush=True)
-        res = {"bench": "engine_in_flight_breakdown", "args": vars(args), "git": git_state(),
-               "breakdown": in_flight_breakdown(args, ks)}
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(res, indent=1) + "\n")
-        print(f"wrote {out}")
+        res = {"bench": "engine_in_flight_breakdown", "args": vars(args),
+               "git": harness.git_state(), "breakdown": in_flight_breakdown(args, ks)}
+        harness.write_json(args.out, res)
+        print(f"wrote {args.out}")
         return 0
 
     import vllm
@@ -311,7 +293,7 @@ def main(argv=None) -> int:
     res: dict = {"bench": "engine", "vllm": vllm.__version__, "machine": platform.machine(),
                  "cpus": os.cpu_count(), "python": sys.version.split()[0],
                  "args": vars(args)}
-    res["git"] = git_state()
+    res["git"] = harness.git_state()
     t0 = time.time()
     if args.skip != "throughput":
         print(f"(a) throughput, no reuse: {args.tp_requests} x {args.tp_prompt}+"
@@ -332,10 +314,8 @@ def main(argv=None) -> int:
             rows[args.policy]["ttft_mean_s"] / rows["stock"]["ttft_mean_s"] - 1
             if rows["stock"]["ttft_mean_s"] else 0.0)
     res["wall_s"] = time.time() - t0
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=1) + "\n")
-    print(f"wrote {out}")
+    harness.write_json(args.out, res)
+    print(f"wrote {args.out}")
     return 0
 
 

@@ -17,7 +17,7 @@ def register(sub) -> None:
                        description=__doc__.split("\n\n")[0])
     p.add_argument("--workloads", default="generated:pipeline,generated:random,mooncake",
                    help="comma-separated: generated:<topology>[:seed], mooncake, "
-                        "mooncake-synthetic, chatdev, weka, or trace files")
+                        "mooncake-synthetic, chatdev[:seed], weka[:seed], or trace files")
     p.add_argument("--policies", default=None,
                    help="comma-separated policies (default: every registered policy)")
     p.add_argument("--capacities", default="0.01,0.02,0.05,0.1,0.2",

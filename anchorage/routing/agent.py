@@ -55,7 +55,7 @@ Parameters: ``anchor_blocks`` (4), ``half_life_s`` (60), ``spread`` (1.0),
 view has none, 100_000), ``min_agent_load`` (1e-3: placements of agents decayed below it
 are forgotten), ``tokens_per_request`` (2048; 0: request counts only).
 
-Measured (``bench/bench_router.py --sim``, random topology, 400 sessions, hybrid eviction,
+Measured (``bench/bench_router_sim.py``, random topology, 400 sessions, hybrid eviction,
 4 replicas at the knee; ``anchorage.routing.analysis`` splits the misses): ``agent`` trails
 one pooled cache by 8.8 points: 3.9 of placement (histories left on another replica when
 a thread moved under load; anchors 0.1) and 5.1 more capacity misses (its own replica

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -68,6 +69,17 @@ def start_ray() -> float:
              namespace="anchorage-test", logging_level="WARNING", log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": 8000})
     return time.time() - t0
+
+
+def bench_fanout(n: int) -> dict:
+    """``n`` tiny jobs through ``bench.harness`` as Ray tasks on this (running) Ray."""
+    import ray
+
+    from bench.harness import Fanout, run_jobs
+    from tests.bench.fanout_jobs import square
+
+    out = run_jobs(square, [{"x": i} for i in range(n)], Fanout(2))
+    return {"results": out, "driver_pid": os.getpid(), "ray_still_up": ray.is_initialized()}
 
 
 def deploy(config: dict[str, Any]) -> str:

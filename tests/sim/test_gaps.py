@@ -1,9 +1,8 @@
 """anchorage.sim.gaps: tool-gap quantiles, rank-based mapping onto the WEKA distribution,
-and bench_timed.py --tool-gaps."""
+and bench.bench_timed --tool-gaps."""
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import math
 import random
@@ -92,10 +91,9 @@ def test_weka_table_matches_the_real_traces():
 
 
 def _bench_timed():
-    spec = importlib.util.spec_from_file_location("bench_timed", REPO / "bench/bench_timed.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from bench import bench_timed
+
+    return bench_timed
 
 
 def test_bench_workload_with_weka_gaps():
@@ -112,9 +110,9 @@ def test_bench_workload_with_weka_gaps():
 
 
 def test_bench_rejects_unknown_tool_gaps():
-    p = subprocess.run([sys.executable, str(REPO / "bench/bench_timed.py"), "--tool-gaps",
+    p = subprocess.run([sys.executable, "-m", "bench.bench_timed", "--tool-gaps",
                         "nope", "--policies", "lru"], capture_output=True, text=True, check=False,
-                       timeout=120)
+                       timeout=120, cwd=REPO)
     assert p.returncode == 2
     assert "--tool-gaps" in p.stderr and "Traceback" not in p.stderr
 
