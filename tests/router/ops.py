@@ -95,8 +95,12 @@ def load_during_kill(name: str, n: int, concurrency: int, stream: bool = False,
              "json": {"model": "tiny", "prompt": [_r.randrange(1000) for _ in range(32)],
                       "max_tokens": 3, "stream": stream}} for _ in range(n)]
     with ThreadPoolExecutor(concurrency) as ex:
+        before = len(UP[name].requests)
         futs = [ex.submit(http, **r) for r in reqs]
-        time.sleep(kill_after_s)
+        deadline = time.time() + 20
+        while len(UP[name].requests) < before + 2 and time.time() < deadline:
+            time.sleep(0.02)
+        time.sleep(kill_after_s)          # requests are in flight there now
         kill_upstream(name)
         return [f.result() for f in futs]
 

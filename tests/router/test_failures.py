@@ -49,9 +49,11 @@ def test_clients_that_give_up_leak_no_in_flight_slot(router, cluster):
     ns = router(policy="round_robin", max_inflight_per_replica=2)
     for n in cluster["names"]:
         ns("set_mode", n, "slow", 1.5)
-    out = ns("http_many_timeouts", 24, "/v1/completions",
-             {"model": "tiny", "prompt": [1] * 32, "max_tokens": 1}, 0.3)
-    assert all(o == "ReadTimeout" for o in out), out
+    for _ in range(3):                        # each round would leak every slot
+        out = ns("http_many_timeouts", 12, "/v1/completions",
+                 {"model": "tiny", "prompt": [1] * 32, "max_tokens": 1}, 0.3)
+        assert set(out) <= {"ReadTimeout", "429"} and out.count("ReadTimeout") >= 6, out
+        time.sleep(1.6)
     deadline = time.time() + 15
     while any(u["inflight"] for u in ns("state_snapshot")):
         assert time.time() < deadline, ns("state_snapshot")
@@ -138,7 +140,7 @@ def test_killing_an_engine_under_load_loses_no_request(router, cluster):
     ns = router(policy="round_robin", eject_after_failures=2)
     for n in cluster["names"]:
         ns("set_mode", n, "slow", 0.3)
-    out = ns("load_during_kill", cluster["names"][1], 60, 12)
+    out = ns("load_during_kill", cluster["names"][1], 60, 12, kill_after_s=0.1)
     assert [r["status"] for r in out] == [200] * 60, [r["status"] for r in out]
     assert metric(ns, "anchorage_router_retries_total", reason="connection_lost") >= 1
 
