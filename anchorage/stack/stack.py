@@ -21,7 +21,7 @@ from anchorage.stack import engines as eng
 from anchorage.stack import ports as portmod
 from anchorage.stack import prometheus as prom
 from anchorage.stack.supervisor import StartError, Supervisor, http_ok
-from anchorage.stack.tiny_model import write_tiny_model
+from anchorage.stack.tiny_model import vocab_size, write_tiny_model
 
 POLICIES_OFF = ("off", "stock", "none")
 
@@ -91,6 +91,7 @@ class Stack:
         self.sup = Supervisor(self.workdir / "logs")
         self.endpoints: Endpoints | None = None
         self.notes: list[str] = []
+        self._haproxy: str | None = None   # HAProxy's files (short path: Unix sockets)
 
     # -- start ---------------------------------------------------------------------------
     def start(self, say: Callable[[str], None] = print) -> Endpoints:
@@ -158,8 +159,10 @@ class Stack:
             "replicas": [s.url for s in specs], "policy": cfg.router,
             "policy_params": cfg.router_params, "block_size": cfg.block_size,
             "health_interval_s": 1.0, "model": "tiny" if dummy else None,
+            "vocab_size": vocab_size(model) if dummy else 0,
             "kv_events": ({s.url: s.kv_endpoint for s in specs}
                           if cfg.router == "precise_prefix" else {})}}
+        spec["haproxy_dir"] = self._haproxy = tempfile.mkdtemp(prefix="ah-", dir="/tmp")
         (rdir / "router.json").write_text(json.dumps(spec, indent=1))
         renv = {k: v for k, v in base_env.items() if not k.startswith("RAY_ADDRESS")}
         renv.update(HOME=str(rdir / "home"), RAY_USAGE_STATS_ENABLED="0",
@@ -200,6 +203,10 @@ class Stack:
     # -- stop ----------------------------------------------------------------------------
     def stop(self) -> list[int]:
         killed = self.sup.stop_all()
+        if self._haproxy:
+            import shutil
+            shutil.rmtree(self._haproxy, ignore_errors=True)
+            self._haproxy = None
         if self._tmp:
             import shutil
             shutil.rmtree(self._tmp, ignore_errors=True)
