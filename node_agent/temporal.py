@@ -14,7 +14,7 @@ Configuration (``TemporalParams.from_env``, read when the pool builds its policy
 - ``ANCHORAGE_TEMPORAL_WATERMARK`` (default 0.5): the gate's GPU pressure watermark.
 
 Transfer latency 50 us per transfer, as in the simulator (``anchorage.tiering.host_tier``).
-Bytes per block come from the engine's KV cache config (``kv_block_bytes``: the KV
+Bytes per block come from the engine's KV cache config (``vllm_compat.kv_block_bytes``: the KV
 tensors' bytes over the block count, i.e. layers x KV heads x head dim x 2 x dtype bytes x
 block size for a plain decoder).
 
@@ -132,19 +132,6 @@ ENV_WATERMARK = "ANCHORAGE_TEMPORAL_WATERMARK"
 UNKNOWN_QUEUE = ((1, 0),)  # scheduler queue not visible: "a waiting request fits"
 OUTCOMES = ("in_time", "late", "wasted")
 ACTIONS = ("offload", "hold", "backup", "keep")  # anchorage.tiering.temporal.stall_action
-
-
-def kv_block_bytes(kv_cache_config: Any) -> int:
-    """Bytes of one KV block over all layers, from vLLM's ``KVCacheConfig``."""
-    n = int(getattr(kv_cache_config, "num_blocks", 0) or 0)
-    tensors = getattr(kv_cache_config, "kv_cache_tensors", None) or ()
-    total = sum(int(getattr(t, "size", 0) or 0) for t in tensors)
-    if n > 0 and total > 0:
-        return total // n
-    out = 0
-    for g in getattr(kv_cache_config, "kv_cache_groups", None) or ():
-        out += int(g.kv_cache_spec.page_size_bytes) * len(g.layer_names)
-    return out
 
 
 @dataclass(frozen=True)
