@@ -11,9 +11,7 @@ test built must agree with its policy: the blocks the policy holds as evictable 
 pool's free cached blocks, under ``lru`` in vLLM's own free-queue order.
 
 ``DESELECTED``: the upstream tests that cannot run here, with why (none of them builds a
-block pool). ``POLICY_BUGS``: tests whose zero-error check fails because of a known bug
-in a policy (not in the driver), marked ``xfail(strict=True)``: remove an entry once the
-policy is fixed (strict: the mark then fails the run until it is removed).
+block pool).
 """
 
 from __future__ import annotations
@@ -67,10 +65,6 @@ DESELECTED: dict[str, str] = {
         "shared 2-core machine (it tests an assert path of kv_cache_utils, no block pool)",
 }
 
-# (test file::name, policy) -> the policy bug that makes the driver count errors
-POLICY_BUGS: dict[tuple[str, str], str] = {}
-
-
 def pytest_configure(config):
     config.addinivalue_line("markers", "cpu_test: vLLM's marker (runs without a GPU)")
     config.addinivalue_line("markers", "skip_global_cleanup: vLLM's marker (no effect here)")
@@ -90,10 +84,6 @@ def pytest_collection_modifyitems(config, items):
             drop.append(item)
             continue
         keep.append(item)
-        policy = item.callspec.params.get("anchorage_policy")
-        reason = POLICY_BUGS.get((_key(item), policy))
-        if reason is not None:
-            item.add_marker(pytest.mark.xfail(strict=True, reason=reason))
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
