@@ -66,10 +66,6 @@ class DriverStats:
 STATS = DriverStats()  # process-wide totals (all pools)
 
 
-class InvalidVictim(RuntimeError):
-    pass
-
-
 class _CachedKeys:
     """``key in view.cached`` over vLLM's prefix-cache map (re-read: reset replaces it)."""
 
@@ -242,8 +238,11 @@ class PolicyDriver:
         """``ids`` stopped being evictable (``hits``: the blocks a request hit, for
         ``on_hit``; without hits the policy is told only when it held one of ``ids``)."""
         ev = self.evictable
-        were = [b for b in ids if b in ev]
-        ev.difference_update(were)
+        were = []
+        for b in ids:  # a block named twice is withdrawn once
+            if b in ev:
+                ev.remove(b)
+                were.append(b)
         if hits is not None or were:
             self.notify(self.policy.on_hit, ctx, hits or [], were)
 
@@ -310,25 +309,16 @@ class PolicyDriver:
         chosen: list = []
         named: list = []
         failed = False
-        blocks = vc.pool_blocks(pool)
+        ev = self.evictable
         try:
             named = self._named_victims(m)
-            seen: set[int] = set()
-            for b in named:
-                if type(b) is not int or not 0 < b < len(blocks) or b in seen:
-                    raise InvalidVictim(f"victim {b!r}")
-                vb = blocks[b]
-                if not vc.is_free(vb):
-                    raise InvalidVictim(f"victim {b} is not a free block")
-                seen.add(b)
-                chosen.append(vb)
+            chosen = vc.free_blocks_named(pool, named)
         except Exception:
             self._error("pop_victim")
             failed = True
             # it forgot what it named; hand back what is still evictable: stock decision
-            ev = self.evictable
-            back = [v.block_id for v in chosen]
-            for b in named[len(chosen) + 1:]:
+            back = []
+            for b in named:
                 if type(b) is int and b in ev and b not in back:
                     back.append(b)
             ev.difference_update(b for b in named if type(b) is int)
@@ -336,7 +326,7 @@ class PolicyDriver:
                 self.hand_over(self.ctx(), back)
             chosen = []
         if chosen:
-            self.evictable.difference_update(vb.block_id for vb in chosen)
+            ev.difference_update(named)
             vc.move_to_head(pool, uncached + chosen)
             STATS.victims += len(chosen)
         rest = m - len(chosen)

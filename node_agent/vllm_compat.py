@@ -90,47 +90,38 @@ HOOKS: tuple[Hook, ...] = (
 
 #: Methods of ``BlockPool`` / ``KVCacheManager`` (0.32) left unhooked, and why.
 UNHOOKED: dict[str, str] = {
-    "BlockPool.get_cached_block": "read only (prefix lookup)",
-    "BlockPool._build_block_stored_event": "KV events only",
-    "BlockPool.emit_cached_block_events": "KV events only; no block state changes",
-    "BlockPool._get_partial_block_hash": "read only (cache_partial_block's key)",
-    "BlockPool._get_partial_block_parent_hash_and_start": "read only (KV events)",
-    "BlockPool._remove_cached_block_hashes": "private; its callers are hooked "
-        "(_maybe_evict_cached_block, cache_full_blocks, cache_partial_block, "
-        "move_block_hashes) and report what it removed",
-    "BlockPool._emit_block_removed_events": "KV events only",
+    **dict.fromkeys((
+        "BlockPool.get_cached_block", "BlockPool._get_partial_block_hash",
+        "BlockPool._get_partial_block_parent_hash_and_start", "BlockPool.is_block_writable",
+        "BlockPool.get_num_free_blocks", "BlockPool.get_usage", "KVCacheManager.usage",
+        "KVCacheManager.prefix_cache_lookup_enabled", "KVCacheManager.get_blocks",
+        "KVCacheManager.get_num_common_prefix_blocks", "KVCacheManager.get_block_ids",
+        "KVCacheManager.get_block_ids_for_computed_tokens",
+        "KVCacheManager.estimate_cached_tokens", "KVCacheManager.create_kv_cache_blocks",
+        "KVCacheManager.truncate_computed_blocks"), "reads or wraps; changes no block"),
+    **dict.fromkeys((
+        "BlockPool._build_block_stored_event", "BlockPool.emit_cached_block_events",
+        "BlockPool._emit_block_removed_events", "BlockPool.take_events",
+        "KVCacheManager.take_events", "KVCacheManager.make_prefix_cache_stats",
+        "KVCacheManager.record_prefix_cache_stats"), "KV events or statistics only"),
+    **dict.fromkeys((
+        "KVCacheManager.take_new_block_ids", "KVCacheManager.record_blocks_for_zeroing",
+        "KVCacheManager.take_boundary_state_offloads",
+        "KVCacheManager.finalize_partial_tail_offloads", "KVCacheManager.new_step_starts"),
+        "worker, connector or coordinator bookkeeping; no pool state"),
+    "BlockPool._remove_cached_block_hashes": "private; its callers are hooked and report "
+        "the keys a block lost",
     "BlockPool._insert_block_hash": "private; its callers are hooked and report the key",
     "BlockPool._notify_reuse": "reuse watchers of unpinned blocks; no cache state",
-    "BlockPool.is_block_writable": "read only",
     "BlockPool.evict_blocks": "evicts through _maybe_evict_cached_block (hooked)",
-    "BlockPool.get_num_free_blocks": "read only",
-    "BlockPool.get_usage": "read only",
-    "BlockPool.take_events": "KV events only",
     "KVCacheManager.__init__": "builds the pool through BlockPool.__init__ (hooked)",
-    "KVCacheManager.usage": "read only",
-    "KVCacheManager.make_prefix_cache_stats": "statistics only",
-    "KVCacheManager.prefix_cache_lookup_enabled": "read only",
-    "KVCacheManager.record_prefix_cache_stats": "statistics only",
     "KVCacheManager.remove_skipped_blocks": "frees through BlockPool.free_blocks (hooked)",
     "KVCacheManager.evict_blocks": "through BlockPool.evict_blocks",
     "KVCacheManager.reset_prefix_cache": "through BlockPool.reset_prefix_cache (hooked)",
-    "KVCacheManager.get_num_common_prefix_blocks": "read only (deprecated)",
-    "KVCacheManager.take_events": "KV events only",
-    "KVCacheManager.get_blocks": "read only",
-    "KVCacheManager.get_block_ids": "read only",
-    "KVCacheManager.get_block_ids_for_computed_tokens": "read only",
-    "KVCacheManager.estimate_cached_tokens": "read only",
-    "KVCacheManager.cache_blocks": "caches through BlockPool.cache_full_blocks / "
+    "KVCacheManager.cache_blocks": "through BlockPool.cache_full_blocks / "
         "cache_partial_block (hooked)",
-    "KVCacheManager.create_kv_cache_blocks": "wraps block lists",
-    "KVCacheManager.truncate_computed_blocks": "pure slicing of a lookup result",
-    "KVCacheManager.take_new_block_ids": "block ids to zero (worker side)",
-    "KVCacheManager.record_blocks_for_zeroing": "block ids to zero (worker side)",
-    "KVCacheManager.take_kv_cache_block_copies": "copy commands; the blocks' keys moved "
-        "in move_block_hashes (hooked)",
-    "KVCacheManager.take_boundary_state_offloads": "connector hand-offs; no pool state",
-    "KVCacheManager.finalize_partial_tail_offloads": "connector hand-offs; no pool state",
-    "KVCacheManager.new_step_starts": "coordinator bookkeeping; no pool state",
+    "KVCacheManager.take_kv_cache_block_copies": "copy commands; the keys moved in "
+        "BlockPool.move_block_hashes (hooked)",
 }
 
 ORIGINALS: dict[str, Callable[..., Any]] = {}  # hook key -> vLLM's method, while installed
@@ -307,6 +298,28 @@ def uncached_head(pool: Any, n: int) -> list:
            and blk.block_id not in extra):
         out.append(blk)
         blk = blk.next_free_block
+    return out
+
+
+class InvalidVictim(ValueError):
+    """A policy named a block that is not a free block of the pool (or one twice)."""
+
+
+def free_blocks_named(pool: Any, ids: list) -> list:
+    """The blocks of ``ids``, each a free block of ``pool`` named once; else
+    ``InvalidVictim`` naming the first that is not."""
+    blocks = pool.blocks
+    n = len(blocks)
+    out = []
+    seen: set[int] = set()
+    for b in ids:
+        if type(b) is not int or not 0 < b < n or b in seen:
+            raise InvalidVictim(f"victim {b!r}")
+        vb = blocks[b]
+        if vb.ref_cnt != 0 or vb.is_null or vb.prev_free_block is None:
+            raise InvalidVictim(f"victim {b} is not a free block")
+        seen.add(b)
+        out.append(vb)
     return out
 
 

@@ -144,7 +144,7 @@ def touch(self, blocks):
         return _ORIG["BlockPool.touch"](self, blocks)
     _ORIG["BlockPool.touch"](self, blocks)
     ids = [b.block_id for b in blocks if not b.is_null]
-    d.withdraw(d.ctx(), dict.fromkeys(ids), ids)  # a block may come twice
+    d.withdraw(d.ctx(), ids, ids)
 
 
 def _newly_free_cached(pool: Any, blocks: list) -> list[int]:
