@@ -3,12 +3,13 @@
 Every test of this folder runs once per ``POLICIES`` entry: ``stock`` (vLLM's own methods,
 the plugin's hooks uninstalled) and, with the hooks installed (``vllm_hooks.install``), a
 driver on every ``BlockPool`` the test builds under ``lru`` and ``hybrid``. Under each
-policy a test must give stock's result (every selected test passes), the driver must
+policy a test must give stock's result (every selected test passes); the driver must
 count no policy error during the test (``vllm_block_pool.STATS.errors``: an exception a
 policy raised, or an invalid victim, both of which the driver survives by falling back to
-stock for that decision, so only this count shows them), and at its end every pool the
-test built must agree with its policy: the blocks the policy holds as evictable are the
-pool's free cached blocks, under ``lru`` in vLLM's own free-queue order.
+stock for that decision, so only this count shows them) and evict no cached block in
+stock order (``STATS.stock_victims``); and at its end every pool the test built must
+agree with its policy: the blocks the policy holds as evictable are the pool's free
+cached blocks, under ``lru`` in vLLM's own free-queue order.
 
 ``DESELECTED``: the upstream tests that cannot run here, with why (none of them builds a
 block pool).
@@ -152,8 +153,9 @@ def _view_drift(d) -> str | None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
-    """After the test: no policy error counted, and every pool the test built with a
-    driver agrees with its policy (``_view_drift``)."""
+    """After the test: no policy error counted, no cached block evicted in stock order
+    (the policy never ran out while the pool had cached free blocks), and every pool the
+    test built with a driver agrees with its policy (``_view_drift``)."""
     from anchorage.node_agent import vllm_block_pool, vllm_hooks
 
     logger = logging.getLogger("anchorage.node_agent")
@@ -168,7 +170,8 @@ def pytest_runtest_call(item):
         return drivers[-1]
 
     vllm_hooks.attach = recording
-    before = vllm_block_pool.STATS.errors
+    stats = vllm_block_pool.STATS
+    errors0, stock0 = stats.errors, stats.stock_victims
     try:
         result = yield
     finally:
@@ -176,11 +179,13 @@ def pytest_runtest_call(item):
         logger.removeHandler(handler)
         logger.setLevel(level)
     policy = item.callspec.params.get("anchorage_policy")
-    n = vllm_block_pool.STATS.errors - before
+    n = stats.errors - errors0
     if n:
         shown = sorted(set(handler.lines))[:5]
         raise AssertionError(f"the policy driver counted {n} policy error(s) ({policy}): "
                              f"{shown}")
+    stock = stats.stock_victims - stock0
+    assert not stock, f"{stock} cached block(s) evicted in stock order, not the policy's ({policy})"
     drift = [m for m in map(_view_drift, drivers) if m]
     assert not drift, f"{len(drift)} pool(s) out of step with their policy ({policy}): {drift[:3]}"
     return result
