@@ -182,7 +182,7 @@ def test_chart_defaults_follow_the_build_and_drift_is_reported(dockerfile_parse,
     mi = values["modelDefaults"]["image"]
     assert f"{mi['repository']}:{mi['tag']}" == refs["vllm-anchorage"]
     # the vLLM version the image is built on is the one the engine patch supports
-    from anchorage.node_agent.vllm_block_pool import SUPPORTED_PREFIX
+    from anchorage.node_agent.vllm_compat import SUPPORTED_PREFIX
 
     assert v.vllm.startswith(SUPPORTED_PREFIX)
 

@@ -172,7 +172,7 @@ def cfg_engine(tmp_path_factory):
 
     pool = eng.pool
     yield eng.llm, pool, path, SamplingParams, TokensPrompt
-    drv = vllm_block_pool._driver(pool)
+    drv = vllm_block_pool.driver(pool)
     if drv is not None and drv.exporter is not None:
         drv.exporter.stop()
 
@@ -206,11 +206,11 @@ def serve(llm, SP, TP, n, seed, on_step=None):
 
 
 def test_config_change_is_applied_in_the_engine_while_serving(cfg_engine, caplog):
-    from anchorage.node_agent import vllm_block_pool
+    from anchorage.node_agent import vllm_block_pool, vllm_compat
 
     llm, pool, path, SP, TP = cfg_engine
-    reloader = pool._anchorage_reloader
-    drv = vllm_block_pool._driver(pool)
+    reloader = vllm_compat.reloader(pool)
+    drv = vllm_block_pool.driver(pool)
     # start: the file's policy (lru) wins over ANCHORAGE_POLICY (hybrid), generation 1
     assert drv.policy.name == "lru" and reloader.generation() == 1
     assert drv.exporter.snapshot()["config_generation"] == 1
@@ -224,7 +224,7 @@ def test_config_change_is_applied_in_the_engine_while_serving(cfg_engine, caplog
                                "    survivalThreshold: 0.25\n    rMin: 0.3\n"
                                "    warmup: {enabled: false}\n")
     assert len(serve(llm, SP, TP, 8, seed=2, on_step=change)) == 8
-    new = vllm_block_pool._driver(pool)
+    new = vllm_block_pool.driver(pool)
     assert new is not drv and new.policy.name == "hybrid"
     # swapped mid-flight over a warm cache: in-flight requests and cached blocks handed over
     assert new.migrated["in_flight"] > 0 and new.migrated["free"] > 0, new.migrated
@@ -247,12 +247,12 @@ def test_config_change_is_applied_in_the_engine_while_serving(cfg_engine, caplog
     msgs = [r.getMessage() for r in caplog.records if "not applied" in r.getMessage()]
     assert len(msgs) == 2, msgs
     assert "not valid YAML" in msgs[0] and "bogus" in msgs[1]
-    assert vllm_block_pool._driver(pool) is new and reloader.generation() == 2
+    assert vllm_block_pool.driver(pool) is new and reloader.generation() == 2
     assert new.exporter.snapshot()["config_generation"] == 2
 
     # the same policy and parameters under a new generation: no rebuild
     write_config(path, "generation: 5\npolicy:\n  name: hybrid\n  parameters: "
                        "{survivalThreshold: 0.25, rMin: 0.3}\n")
     assert len(serve(llm, SP, TP, 2, seed=6)) == 2
-    assert vllm_block_pool._driver(pool) is new and reloader.generation() == 5
+    assert vllm_block_pool.driver(pool) is new and reloader.generation() == 5
     assert new.exporter.snapshot()["config_generation"] == 5

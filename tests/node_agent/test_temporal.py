@@ -17,7 +17,7 @@ from anchorage.node_agent.state import (
     StateError,
     parse_snapshot,
 )
-from anchorage.node_agent.temporal import EngineController, TemporalParams, kv_block_bytes
+from anchorage.node_agent.temporal import EngineController, TemporalParams
 
 from anchorage.policies.base import RequestContext
 from anchorage.tiering.controller import PoolReading
@@ -60,18 +60,6 @@ def test_maybe_wrap_modes(monkeypatch):
     monkeypatch.setenv("ANCHORAGE_TIERING", "temporal,bogus")
     with pytest.raises(ValueError, match="'spatial', 'temporal', 'spatial,temporal'"):
         engine_tiering.maybe_wrap(make_policy("lru", block_size=32))
-
-
-def test_kv_block_bytes_from_the_cache_config():
-    class T:
-        def __init__(self, size):
-            self.size = size
-
-    class C:
-        num_blocks = 10
-        kv_cache_tensors = [T(10 * 4096), T(10 * 4096)]
-
-    assert kv_block_bytes(C()) == 8192
 
 
 # -- the controller over a session's life ---------------------------------------------------

@@ -19,7 +19,7 @@
 from __future__ import annotations
 
 import pytest
-from anchorage.node_agent import request_context, vllm_block_pool
+from anchorage.node_agent import request_context, vllm_block_pool, vllm_compat, vllm_hooks
 from anchorage.node_agent.sidecar import Sidecar, SidecarConfig
 from anchorage.node_agent.state import NodeState, PolicyStateExporter, parse_snapshot
 from anchorage.node_agent.temporal import TemporalParams, TemporalTiering
@@ -63,7 +63,7 @@ class Recording(TemporalTiering):
 def temporal(engine, monkeypatch):
     """The session engine's pool driven by a temporal-tiering policy (LRU inside, watermark
     0: the tiny engine never holds half its blocks at a turn end), a test clock."""
-    old = vllm_block_pool._driver(engine.pool)
+    old = vllm_block_pool.driver(engine.pool)
     vllm_block_pool.detach(engine.pool)
     assert engine.llm.reset_prefix_cache()
     clock = Clock()
@@ -82,7 +82,7 @@ def temporal(engine, monkeypatch):
         request_context.set_clock(prev)
         vllm_block_pool.detach(engine.pool)
         assert engine.llm.reset_prefix_cache()
-        engine.pool._anchorage_driver = old
+        vllm_compat.set_driver(engine.pool, old)
 
 
 def run(engine, rid: str, toks: list[int], session: str, tool: str | None = None,
@@ -237,14 +237,16 @@ def test_a_controller_error_is_counted_and_that_decision_stays_stock(temporal):
 
 
 def test_the_plugins_policy_factory_builds_the_temporal_wrapper(engine, monkeypatch):
-    monkeypatch.setitem(vllm_block_pool._config, "policy", "lru")
-    monkeypatch.setitem(vllm_block_pool._config, "params", None)
     monkeypatch.setenv("ANCHORAGE_TIERING", "spatial,temporal")
     monkeypatch.delenv("ANCHORAGE_HOST_BYTES", raising=False)
-    with pytest.raises(ValueError, match="needs ANCHORAGE_HOST_BYTES"):
-        vllm_block_pool._make_configured_policy(engine.pool)  # _init: one warning, stock
-    monkeypatch.setenv("ANCHORAGE_HOST_BYTES", str(8 << 30))
-    p = vllm_block_pool._make_configured_policy(engine.pool)
+    prev = vllm_hooks.configure(vllm_hooks.EngineConfig("lru"))
+    try:
+        with pytest.raises(ValueError, match="needs ANCHORAGE_HOST_BYTES"):
+            vllm_hooks.make_configured_policy(engine.pool)  # _init: one warning, stock
+        monkeypatch.setenv("ANCHORAGE_HOST_BYTES", str(8 << 30))
+        p = vllm_hooks.make_configured_policy(engine.pool)
+    finally:
+        vllm_hooks.configure(prev)
     assert isinstance(p, TemporalTiering) and p.spatial
     assert p.temporal.params.host.capacity_bytes == 8 << 30
 
