@@ -139,13 +139,13 @@ def stall_then_flood(engine, policy, drv, clock, tool: str):
     cached_free = len(list(policy.eviction_order()))
     # the controller's reading of the cached free blocks, counted from the notifications
     assert policy.cached_free_blocks() == cached_free == len(
-        vllm_block_pool.cached_free_block_ids(engine.pool))
+        vllm_compat.cached_free_block_ids(engine.pool))
     uncached_free = drv.view.num_free_blocks - cached_free
     k = uncached_free + 4  # the flood takes every uncached block and evicts 4 cached ones
     assert k * BS <= engine.max_model_len
     clock.t += 1.0
     run(engine, "f-1", tokens(3, k * BS - 1), "f")
-    assert policy.cached_free_blocks() == len(vllm_block_pool.cached_free_block_ids(engine.pool))
+    assert policy.cached_free_blocks() == len(vllm_compat.cached_free_block_ids(engine.pool))
     return u_keys, s_keys, s_toks, end_s, before
 
 
@@ -278,7 +278,7 @@ def test_a_short_stall_is_held_until_expiry_and_never_blocks_an_allocation(tempo
     run(engine, "f-1", tokens(3, k * BS - 1), "f")
     assert cached_blocks(drv, u_keys) == 0
     assert policy.held_evictions - held0 == 2
-    assert policy.cached_free_blocks() == len(vllm_block_pool.cached_free_block_ids(engine.pool))
+    assert policy.cached_free_blocks() == len(vllm_compat.cached_free_block_ids(engine.pool))
     assert cached_blocks(drv, s_keys) == PROMPT_BLOCKS - 2
     # expiry: the next request's first admission attempt releases the hold (LRU again)
     clock.t = st.hold_until + 0.01
