@@ -136,10 +136,13 @@ class GroupEvictionPolicy(EvictionPolicy):
             self._rescore()
 
     def on_hit(self, ctx: RequestContext, blocks: list[int], were_free: list[int]) -> None:
-        hk = self.heap.hits_by_kind
-        before = hk[STALE]
-        self.heap.unfree(were_free)
-        self.model.stale.hits += hk[STALE] - before
+        if were_free:
+            heap = self.heap
+            hk = heap.hits_by_kind
+            before = hk[STALE]
+            heap.unfree(were_free)
+            if hk[STALE] != before:
+                self.model.stale.hits += hk[STALE] - before
         out = self._out_blocks
         if out:
             n = 0
@@ -164,8 +167,9 @@ class GroupEvictionPolicy(EvictionPolicy):
         self.model.outputs.n += len(blocks)
 
     def _assign(self, ctx: RequestContext, blocks: list[int], start: int) -> None:
-        cur = self.model.request(ctx.request_id)
-        if cur is None or not blocks:
+        rid = ctx.request_id
+        cur = self.model.requests.get(rid) if rid is not None and blocks else None
+        if cur is None:
             return
         agent = cur.agent
         k = min(len(blocks), max(0, cur.anchor_len - start)) if agent is not None else 0
