@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from anchorage.access_log import AccessLogConfig
-from anchorage.policies.base import RequestContext
+from anchorage.policies.base import EvictionPolicy, RequestContext
 from anchorage.warmup import WarmupConfig
 from anchorage.node_agent.sidecar import (Sidecar, SidecarConfig, parse_engine_load,
                                           read_config_file)
@@ -183,17 +183,14 @@ def test_access_log_config_reload_and_graceful_stop(env, monkeypatch):
     eng, tmp = env
     state = NodeState(block_size=BS)
 
-    class NoPolicy:  # observe() needs nothing from the policy for the access log
-        pass
-
     for i in range(6):
         keys = [bytes([i, j]) for j in range(3)]
         ctx = RequestContext(request_id=f"r{i}", keys=keys, input_length=3 * BS + 1,
                              output_length=5, session_id=f"s{i % 2}", tool_name="grep",
                              agent_hint="coder")
-        state.observe(NoPolicy(), ctx, None, now_s=1000.0 + i)
+        state.observe(EvictionPolicy(), ctx, None, now_s=1000.0 + i)  # learns nothing
     ctx = RequestContext(request_id="w", keys=[b"w"], input_length=BS, warmup=True)
-    state.observe(NoPolicy(), ctx, None)  # warm-ups are not workload
+    state.observe(EvictionPolicy(), ctx, None)  # warm-ups are not workload
     in_force = {"generation": 3}   # what the plugin applied (it may refuse a newer file)
     exp = PolicyStateExporter(lambda: {"policy": "lru"}, tmp / "state.json", interval_s=0.05,
                               node_state=state, config_generation=lambda: in_force["generation"])

@@ -58,7 +58,7 @@ def test_a_config_reload_keeps_spatial_tiering(own_pool, tmp_path, monkeypatch):
     new = vllm_block_pool.driver(engine.pool)
     assert new is not start
     assert isinstance(new.policy, EngineTiering), type(new.policy)
-    assert new.policy.inner.name == "hybrid" and new.policy.inner.r_min == 0.3
+    assert new.policy.inner.name == "hybrid" and new.policy.inner.prefetch_settings().r_min == 0.3
     assert generate(engine, [(prompt(7, 3 * bs), "planner")]) == [2]
     assert vllm_block_pool.STATS.errors == errors0, "the wrapped policy failed after the swap"
 
