@@ -56,7 +56,7 @@ def all_on_values() -> dict:
             model("qwen-7b", policy="cachewise", servedModelName="qwen", vllmPlugins="anchorage,other",
                   tiering="temporal", hostOffload={"memoryGiB": 32},
                   agentCachePolicy={"enabled": True, "spec": {
-                      "routing": {"policy": "session", "weights": {"session": 2.0}},
+                      "routing": {"policy": "composite", "weights": {"session": 2.0, "prefix": 1.0}},
                       "autoscaling": {"minReplicas": 2, "maxReplicas": 6, "targetHitRate": 0.7},
                       "tuning": {"enabled": True, "intervalSeconds": 600}}}),
         ],
