@@ -101,11 +101,13 @@ def _can(api, verb: str, resource: str, *, group: str = "", namespace: str = NAM
 def test_operator_rbac_is_least_privilege(release, api):
     allowed = [("patch", "deployments", "apps", "scale"), ("get", "statefulsets", "apps", "scale"),
                ("watch", "agentcachepolicies", GROUP, ""), ("patch", "agentcachepolicies", GROUP, "status"),
-               ("create", "configmaps", "", ""), ("update", "configmaps", "", ""),
+               ("create", "configmaps", "", ""), ("patch", "configmaps", "", ""),
+               ("update", "agentcachepolicies", GROUP, "finalizers"),
                ("create", "events", "", "")]
     for verb, res, group, sub in allowed:
         assert _can(api, verb, res, group=group, subresource=sub, namespace="other"), (verb, res, sub)
     denied = [("get", "secrets", "", ""), ("delete", "configmaps", "", ""),
+              ("update", "configmaps", "", ""), ("update", "agentcachepolicies", GROUP, ""),
               ("update", "deployments", "apps", ""), ("delete", "agentcachepolicies", GROUP, ""),
               ("create", "pods", "", ""), ("patch", "deployments", "apps", "")]
     for verb, res, group, sub in denied:

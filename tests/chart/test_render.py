@@ -188,7 +188,8 @@ OPERATOR_NAMESPACED = {
     *(("anchorage.dev", "agentcachepolicies", v) for v in ("get", "list", "watch", "patch")),
     ("anchorage.dev", "agentcachepolicies/status", "get"),
     ("anchorage.dev", "agentcachepolicies/status", "patch"),
-    *(("", "configmaps", v) for v in ("get", "create", "update")),
+    ("anchorage.dev", "agentcachepolicies/finalizers", "update"),   # ownerRef blockOwnerDeletion
+    *(("", "configmaps", v) for v in ("get", "create", "patch")),
     ("", "events", "create"),
     *(("apps", r, v) for r in ("deployments/scale", "statefulsets/scale") for v in ("get", "patch")),
 }

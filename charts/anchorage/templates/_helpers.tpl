@@ -101,9 +101,13 @@ policy/v1beta1
 {{- define "anchorage.policyConfigKey" -}}anchorage.yaml{{- end -}}
 
 {{/* Only what the operator does (operator/kube.py, handlers.py): kopf watches and patches
-AgentCachePolicies (finalizers, progress annotations, status) and posts Events; the
-operator reads/creates/replaces the versioned ConfigMap and reads/patches the target's
-scale subresource. Peering rules are added where the peering object lives. */}}
+AgentCachePolicies (its finalizer, progress annotations, status) and posts Events; the
+operator reads, creates and patches the versioned ConfigMap (never update or delete: the
+garbage collector removes it with its owner), sets the ConfigMap's ownerReference with
+blockOwnerDeletion (clusters enforcing owner-reference permissions require `update` on the
+owner's `finalizers` subresource for that), and reads/patches the target's scale
+subresource. Peering rules are added where the peering object lives. The integration test
+runs the operator under exactly these rules (tests/operator/test_operator_k8s.py). */}}
 {{- define "anchorage.operatorNamespacedRules" -}}
 - apiGroups: [anchorage.dev]
   resources: [agentcachepolicies]
@@ -111,9 +115,12 @@ scale subresource. Peering rules are added where the peering object lives. */}}
 - apiGroups: [anchorage.dev]
   resources: [agentcachepolicies/status]
   verbs: [get, patch]
+- apiGroups: [anchorage.dev]
+  resources: [agentcachepolicies/finalizers]
+  verbs: [update]
 - apiGroups: [""]
   resources: [configmaps]
-  verbs: [get, create, update]
+  verbs: [get, create, patch]
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
