@@ -75,12 +75,13 @@ class RoutingStateActor(RoutingState):
             threading.Thread(target=src.watch, args=(self._discovered,), daemon=True).start()
 
     def _discovered(self, urls: list[str]) -> None:
-        self._pending = urls       # applied on the actor's thread at the next call
+        # applied on the actor's thread at the next call; pod names label the series
+        self._pending = (urls, dict(self._discovery.pod_names))
 
     def _apply_pending(self) -> None:
         if self._discovery is not None and self._pending is not None:
-            urls, self._pending = self._pending, None
-            self.set_replicas(urls)
+            (urls, names), self._pending = self._pending, None
+            self.set_replicas(urls, names)
             if self._kv is not None:
                 self._kv.set_endpoints(self.kv_endpoints())
 
@@ -174,6 +175,12 @@ def build_app(cfg: RouterConfig) -> FastAPI:
             return JSONResponse({"status": "ok" if healthy else "no healthy replica",
                                  "replicas": len(snap), "healthy": healthy},
                                 status_code=200 if healthy else 503)
+
+        @api.get("/livez")
+        async def livez(self) -> Response:
+            # Liveness: this replica answers HTTP. No engine or actor is consulted, so a
+            # router waiting for its first engine is not restarted (readiness: /healthz).
+            return JSONResponse({"status": "ok"})
 
         @api.get("/metrics")
         async def metrics(self) -> Response:

@@ -1,5 +1,9 @@
 """The router's Prometheus series (``anchorage_router_*``), in one private registry owned
-by the shared routing state, so every router replica serves the fleet-wide numbers."""
+by the shared routing state, so every router replica serves the fleet-wide numbers.
+
+The ``replica`` label is the upstream's pod name when discovery knows it (the Endpoints'
+or EndpointSlice's ``targetRef``), its URL otherwise (static replicas); when a replica
+leaves, every series of it is deleted (``forget_replica``)."""
 
 from __future__ import annotations
 
@@ -35,6 +39,12 @@ class RouterMetrics:
                                    "Estimated prefill tokens queued per replica (sent, no "
                                    "first byte yet, less predicted cache hits)",
                                    ["replica"], registry=r)
+
+    def forget_replica(self, replica: str) -> None:
+        """Delete every series labelled ``replica=<replica>``."""
+        for m in (self.requests, self.predicted, self.observed, self.prompt, self.retries,
+                  self.ejections, self.healthy, self.inflight, self.queued_tokens):
+            m.remove_by_labels({"replica": replica})
 
     def text(self) -> bytes:
         return generate_latest(self.registry)

@@ -50,6 +50,7 @@ _LINE = re.compile(r"^(vllm:[a-z_]+)(?:\{[^}]*\})?\s+([0-9.eE+-]+)$")
 class Upstream:
     id: int
     url: str
+    name: str = ""             # the ``replica`` label: its pod's name when discovered, else the URL
     healthy: bool = True
     inflight: int = 0
     waiting: int = 0           # scraped
@@ -85,23 +86,26 @@ class RoutingState:
         self.set_replicas(self.cfg.replicas)
 
     # -- membership -----------------------------------------------------------------
-    def set_replicas(self, urls: Iterable[str]) -> None:
+    def set_replicas(self, urls: Iterable[str], names: dict[str, str] | None = None) -> None:
+        """The replicas are now ``urls``; ``names`` (URL -> pod name, from discovery) label
+        their series. A removed replica's series are deleted."""
+        names = names or {}
         want = list(dict.fromkeys(u.rstrip("/") for u in urls))
         have = {u.url: u for u in self.upstreams.values()}
         for url in want:
             if url not in have:
-                up = Upstream(self._next_id, url)
+                up = Upstream(self._next_id, url, names.get(url) or url)
                 self.upstreams[up.id] = up
                 self._next_id += 1
-                self.metrics.healthy.labels(url).set(1)
-                log.info("replica added: %s", url)
+                self.metrics.healthy.labels(up.name).set(1)
+                log.info("replica added: %s (%s)", up.name, url)
         for url, up in have.items():
             if url not in want:
                 del self.upstreams[up.id]
                 self.router.on_replica_removed(up.id)
                 self.translator.forget(up.id)
-                self.metrics.healthy.labels(url).set(0)
-                log.info("replica removed: %s", url)
+                self.metrics.forget_replica(up.name)
+                log.info("replica removed: %s (%s)", up.name, url)
 
     def kv_endpoints(self) -> dict[str, str]:
         """Replica URL -> ZMQ endpoint of its KV event publisher (config)."""
@@ -162,9 +166,9 @@ class RoutingState:
         prefill = max(0, int(ctx.input_length) - predicted)
         self._prefill[(up.id, ctx.request_id)] = prefill
         up.queued_tokens += prefill
-        self.metrics.queued_tokens.labels(up.url).set(up.queued_tokens)
+        self.metrics.queued_tokens.labels(up.name).set(up.queued_tokens)
         up.inflight += 1
-        self.metrics.inflight.labels(up.url).set(up.inflight)
+        self.metrics.inflight.labels(up.name).set(up.inflight)
         return {"status": "ok", "replica": up.id, "url": up.url, "predicted_tokens": predicted}
 
     def first_byte(self, ctx: RequestContext, replica: int) -> None:
@@ -174,7 +178,7 @@ class RoutingState:
         up = self.upstreams.get(replica)
         if tokens is not None and up is not None:
             up.queued_tokens = max(0, up.queued_tokens - tokens)
-            self.metrics.queued_tokens.labels(up.url).set(up.queued_tokens)
+            self.metrics.queued_tokens.labels(up.name).set(up.queued_tokens)
 
     def finish(self, ctx: RequestContext, replica: int, outcome: str,
                usage: dict[str, Any] | None = None, predicted_tokens: int = 0) -> None:
@@ -182,7 +186,7 @@ class RoutingState:
         connect_error, retried, cancelled (the client left)."""
         self.first_byte(ctx, replica)
         up = self.upstreams.get(replica)
-        url = up.url if up else f"removed-{replica}"
+        url = up.name if up else "removed"   # (its series were deleted with it)
         if up is not None:
             up.inflight = max(0, up.inflight - 1)
             self.metrics.inflight.labels(url).set(up.inflight)
@@ -208,15 +212,15 @@ class RoutingState:
         up.failures += 1
         if up.healthy and up.failures >= self.cfg.eject_after_failures:
             up.healthy = False
-            self.metrics.ejections.labels(up.url).inc()
-            self.metrics.healthy.labels(up.url).set(0)
+            self.metrics.ejections.labels(up.name).inc()
+            self.metrics.healthy.labels(up.name).set(0)
             log.warning("replica ejected after %d failures: %s", up.failures, up.url)
 
     def _success(self, up: Upstream) -> None:
         up.failures = 0
         if not up.healthy:
             up.healthy = True
-            self.metrics.healthy.labels(up.url).set(1)
+            self.metrics.healthy.labels(up.name).set(1)
             log.info("replica readmitted: %s", up.url)
 
     # -- active health --------------------------------------------------------------
@@ -258,7 +262,7 @@ class RoutingState:
 
     # -- introspection --------------------------------------------------------------
     def snapshot(self) -> list[dict[str, Any]]:
-        return [{"id": u.id, "url": u.url, "healthy": u.healthy, "inflight": u.inflight,
+        return [{"id": u.id, "url": u.url, "name": u.name, "healthy": u.healthy, "inflight": u.inflight,
                  "failures": u.failures, "waiting": u.waiting, "running": u.running,
                  "kv_usage": u.kv_usage, "queued_tokens": u.queued_tokens,
                  "kv_events_applied": self.kv_events_applied}
