@@ -177,3 +177,49 @@ default) rejects bare numbers in quantities on Kubernetes 1.20 ("expected string
 {{- end -}}
 {{- toYaml $out -}}
 {{- end -}}
+
+{{/* A component's security context: its own map laid over the global one (recursively;
+an own `false` wins, unlike sprig's merge). Call with (dict "global" .Values.x "own" y). */}}
+{{- define "anchorage.context" -}}
+{{- include "anchorage.overlay" (dict "base" (default (dict) .global) "over" (default (dict) .own)) | fromJson | toYaml -}}
+{{- end -}}
+
+{{/* The `release` label a stock kube-prometheus-stack selects monitors and rules by, plus
+monitoring.labels. */}}
+{{- define "anchorage.monitoringLabels" -}}
+{{- with .Values.monitoring.prometheusRelease }}
+release: {{ . | quote }}
+{{- end }}
+{{- with .Values.monitoring.labels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* The Prometheus that may scrape: its namespaces and, when set, its pods. */}}
+{{- define "anchorage.monitoringPeer" -}}
+{{- $np := .Values.networkPolicy -}}
+{{- $peer := dict "namespaceSelector" $np.monitoringNamespaceSelector -}}
+{{- if $np.monitoringPodSelector -}}
+{{- $_ := set $peer "podSelector" $np.monitoringPodSelector -}}
+{{- end -}}
+{{- toYaml $peer -}}
+{{- end -}}
+
+{{/* The vLLM engine's user, HOME and caches (a uid without a passwd entry, read-only
+root): getpass and torch read USER/LOGNAME before the passwd database; every cache vLLM,
+torch, Triton, numba, outlines or Hugging Face writes lives under HOME, an emptyDir. */}}
+{{- define "anchorage.engineHomeEnv" -}}
+- {name: HOME, value: /home/vllm}
+- {name: USER, value: vllm}
+- {name: LOGNAME, value: vllm}
+- {name: XDG_CACHE_HOME, value: /home/vllm/.cache}
+- {name: XDG_CONFIG_HOME, value: /home/vllm/.config}
+- {name: VLLM_CACHE_ROOT, value: /home/vllm/.cache/vllm}
+- {name: VLLM_CONFIG_ROOT, value: /home/vllm/.config/vllm}
+- {name: TORCHINDUCTOR_CACHE_DIR, value: /home/vllm/.cache/torchinductor}
+- {name: TRITON_CACHE_DIR, value: /home/vllm/.cache/triton}
+- {name: TORCH_EXTENSIONS_DIR, value: /home/vllm/.cache/torch_extensions}
+- {name: NUMBA_CACHE_DIR, value: /home/vllm/.cache/numba}
+- {name: OUTLINES_CACHE_DIR, value: /home/vllm/.cache/outlines}
+- {name: TMPDIR, value: /tmp}
+{{- end -}}
