@@ -30,14 +30,19 @@ def write_atomically(path: Path, text: str) -> None:
 
 
 class NodeAgent:
-    def __init__(self, workdir: Path, config_path: Path, *, agents: int = 40,
-                 warmup: WarmupConfig | None = None):
+    """``source``: what the plugin exports (default: 40 predicted agents at R = 0.9, a
+    plain view); a real policy object may be given instead (``state.policy_view`` reads
+    it), with the plugin's ``node_state`` and counters (``stats``)."""
+
+    def __init__(self, workdir: Path, config_path: Path | None, *, agents: int = 40,
+                 warmup: WarmupConfig | None = None, model: str = "tiny", source=None,
+                 node_state=None, stats=None):
         from anchorage.node_agent.sidecar import Sidecar, SidecarConfig
         from anchorage.node_agent.state import PolicyStateExporter
         from tests.node_agent.fake_engine import FakeEngine
 
         self.workdir, self.config_path = workdir, config_path
-        self.engine = FakeEngine(f"ipc://{workdir}/kv.ipc")
+        self.engine = FakeEngine(f"ipc://{workdir}/kv.ipc", model=model)
         self.agents = [f"fp:{i:02d}" for i in range(agents)]
         self.view = {"policy": "hybrid", "predictability": 0.9, "block_size": BS,
                      "predictions": [{"agent": a, "probability": 0.9} for a in self.agents],
@@ -46,14 +51,16 @@ class NodeAgent:
                                   "token_ids": [1000 + 8 * i + j for j in range(2 * BS)]}
                                  for i, a in enumerate(self.agents)]}
         self.plugin_generation = 0
-        self.exporter = PolicyStateExporter(lambda: self.view, workdir / "state.json",
-                                            interval_s=0.05, policy_name="hybrid",
+        self.exporter = PolicyStateExporter(source if source is not None else (lambda: self.view),
+                                            workdir / "state.json", interval_s=0.05,
+                                            policy_name="hybrid", node_state=node_state,
+                                            stats=stats,
                                             config_generation=self._plugin_generation)
         # the node agent's own settings would warm up to 100/s, 10 per tick, gate 0.3
         self.sidecar = Sidecar(SidecarConfig(
             engine_url=self.engine.url, kv_events=f"ipc://{workdir}/kv.ipc",
             state_dir=str(workdir), port=0, tick_s=0.05, snapshot_max_age_s=2.0,
-            policy_env="hybrid", config_path=str(config_path),
+            policy_env="hybrid", config_path=str(config_path) if config_path else None,
             warmup=warmup or WarmupConfig(rate_per_s=100, burst=1, cooldown_s=3600,
                                           max_per_tick=10)))
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -64,6 +71,8 @@ class NodeAgent:
     def _plugin_generation(self) -> int:
         from anchorage.node_agent.config import ConfigError, read_policy_config
 
+        if self.config_path is None:
+            return 0
         try:
             self.plugin_generation = read_policy_config(str(self.config_path)).generation
         except ConfigError:
@@ -72,6 +81,7 @@ class NodeAgent:
 
     # -- life cycle -----------------------------------------------------------------------
     def start(self) -> "NodeAgent":
+        """Run the sidecar (its loop and HTTP server) in a thread; returns self."""
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
         if not self._ready.wait(30):
