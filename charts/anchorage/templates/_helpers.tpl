@@ -70,6 +70,11 @@ anchorage.dev/model: {{ .model.name }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 
+{{/* The router's image (Ray Serve): the Deployment's Ray head, KubeRay's head and workers. */}}
+{{- define "anchorage.routerImage" -}}
+{{- printf "%s:%s" .Values.router.image.repository (default .Chart.AppVersion .Values.router.image.tag) -}}
+{{- end -}}
+
 {{- define "anchorage.serviceAccountName" -}}
 {{- printf "%s-%s" (include "anchorage.fullname" .ctx) .component -}}
 {{- end -}}
