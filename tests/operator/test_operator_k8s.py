@@ -286,7 +286,12 @@ def test_a_tuning_round_and_two_spec_edits_patch_the_configmap(kube, operator, p
     # spec edit 2: composite routing with scorer weights
     co.patch_namespaced_custom_object(G, V, NS, P, "tuned", {"spec": {"routing": {
         "policy": "composite", "weights": {"prefix": 2, "queue": 1}}}})
-    doc, _ = poll(lambda: (d := _doc(kube, "tuned"))[0].generation == 3 and d, "generation 3", 60)
+    try:
+        doc, _ = poll(lambda: (d := _doc(kube, "tuned"))[0].generation == 3 and d,
+                      "generation 3", 120)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\nstatus: {_status(kube, 'tuned')}\noperator log:\n"
+                             + operator.output()[-4000:]) from None
     assert doc.routing.router_kwargs() == {"scorers": {"prefix": 2.0, "queue": 1.0}}
     st = poll(lambda: (s := _status(kube, "tuned")).get("configGeneration") == 3 and s,
               "status.configGeneration 3", 60)
