@@ -202,6 +202,8 @@ class NodeAgentPod:
         self.agent.engine.on_completion = self._prefill
         self.agent.start()
         self._warmups = 0
+        self._timers: list[threading.Timer] = []
+        self._lock, self._closing = threading.Lock(), False
         self._i = 0
         self._evicted = 0
         self._stats = vllm_block_pool.STATS
@@ -248,12 +250,22 @@ class NodeAgentPod:
                   for b in range(len(toks) // 16)]
         self.agent.engine.publish([stored(hashes, None, toks, 16)])
         later = 0.002 if self._warmups % 2 else 1.5
-        t = threading.Timer(later, self.agent.engine.publish, args=([removed(hashes)],))
-        t.daemon = True
-        t.start()
+        with self._lock:
+            if self._closing:
+                return
+            t = threading.Timer(later, self.agent.engine.publish, args=([removed(hashes)],))
+            t.daemon = True
+            self._timers = [x for x in self._timers if x.is_alive()] + [t]
+            t.start()
 
     def close(self) -> None:
         self._loop.stop()
+        self.agent.engine.on_completion = None
+        with self._lock:
+            self._closing = True
+        for t in self._timers:   # no eviction published into a closed engine
+            t.cancel()
+            t.join(5)
         self.agent.stop()
 
 
