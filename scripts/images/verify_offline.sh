@@ -110,5 +110,6 @@ import anchorage.router.app, ray
 print('router imports; ray', ray.__version__)
 "
 run wget --version >/dev/null
-"${B[@]}" images "$REF" "$RREF"
+"${B[@]}" images "$REF"
+"${B[@]}" images "$RREF"
 say "OK: $REF and $RREF built with buildah and checked"
