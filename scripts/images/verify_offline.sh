@@ -78,10 +78,9 @@ build "$RREF" images/anchorage-router/Dockerfile
 
 CTRS=()
 trap 'for c in "${CTRS[@]}"; do "${B[@]}" rm "$c" >/dev/null 2>&1 || true; done' EXIT
-open() { local c; c=$("${B[@]}" from --pull=never "$1"); CTRS+=("$c"); echo "$c"; }
 
 say "checks inside $REF"
-ctr=$(open "$REF")
+ctr=$("${B[@]}" from --pull=never "$REF"); CTRS+=("$ctr")
 run() { "${B[@]}" run --isolation chroot "$ctr" -- "$@"; }
 [ "$(run id -u):$(run id -g)" = "1000:1000" ] || { echo "FAIL: not running as 1000:1000"; exit 1; }
 run anchorage --help >/dev/null
@@ -103,7 +102,7 @@ echo "bad option -> $out"
 "${B[@]}" inspect --format '{{.OCIv1.Config.User}} {{.OCIv1.Config.Entrypoint}}' "$REF"; echo
 
 say "checks inside $RREF"
-ctr=$(open "$RREF")
+ctr=$("${B[@]}" from --pull=never "$RREF"); CTRS+=("$ctr")
 [ "$(run id -u):$(run id -g)" = "1000:1000" ] || { echo "FAIL: not running as 1000:1000"; exit 1; }
 run python -c "
 import anchorage.router.app, ray
