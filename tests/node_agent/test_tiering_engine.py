@@ -50,7 +50,7 @@ def test_a_config_reload_keeps_spatial_tiering(own_pool, tmp_path, monkeypatch):
     bs = engine.block_size
     start = vllm_block_pool.attach(engine.pool, EngineTiering(make_policy("lru", block_size=bs)))
     path = tmp_path / "anchorage.yaml"
-    path.write_text("generation: 2\npolicy: {name: hybrid, parameters: {rMin: 0.3}}\n")
+    path.write_text("generation: 2\npolicy: {name: hybrid, parameters: {rMin: 0.3}}\n...\n")
     reloader = PolicyReloader(engine.pool, ConfigWatcher(str(path), "lru", check_s=0),
                               PolicyConfig("lru", generation=1, source="config"))
     errors0 = vllm_block_pool.STATS.errors
