@@ -22,7 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from anchorage.node_agent.state import NodeState, PolicyStateExporter, write_settings
+from anchorage.node_agent.exporter import PolicyStateExporter
+from anchorage.node_agent.recorder import NodeState
+from anchorage.node_agent.snapshot import write_settings
 from anchorage.policies.base import RequestContext
 from anchorage.policies.registry import make_policy
 from bench import harness

@@ -58,7 +58,7 @@ eviction count at every eviction, on the policy clock).
 Reloads. Pending reloads (offloaded, no warm-up seen yet) go into the plugin's snapshot
 (``tiering.pending_reloads``: id, session, ``at_s`` in unix time, blocks, agent, tenant; the
 plugin adds the session's last prompt token ids and cache salt from its bounded registry,
-``node_agent.state.SessionPrompts``). The sidecar issues each as a warm-up at ``at_s``
+``node_agent.recorder.SessionPrompts``). The sidecar issues each as a warm-up at ``at_s``
 (``anchorage.warmup.ReloadScheduler``: max_tokens=1, ``anchorage.warmup=1``, same session id
 and cache salt): the CUDA connector serves it from host memory; the CPU build has no host
 tier and recomputes it. A warm-up of the session marks its reload started (a move, for the

@@ -139,10 +139,10 @@ class EngineTiering(TieredEviction):
 
 
     def tiering_view(self) -> dict[str, Any]:
-        """What the plugin's snapshot carries (``state.policy_view``; plain data, read from
+        """What the plugin's snapshot carries (``exporter.policy_view``; plain data, read from
         the exporter's thread): the mode and the reserved blocks per agent (the offload and
         reload counters are ``TemporalTiering``'s)."""
-        from anchorage.node_agent.state import agent_label
+        from anchorage.node_agent.recorder import agent_label
 
         def label(a: Hashable) -> str:  # agent hints are the client's names
             return a if isinstance(a, str) else agent_label(a)

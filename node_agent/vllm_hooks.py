@@ -88,10 +88,11 @@ def make_configured_policy(pool: Any) -> EvictionPolicy | None:
 
 
 def _start_exporter(pool: Any, driver: PolicyDriver, policy: EvictionPolicy) -> None:
-    """Publish the policy's state for the node-agent sidecar (``node_agent/state.py``):
+    """Publish the policy's state for the node-agent sidecar (``node_agent/exporter.py``):
     a snapshot file under ``$ANCHORAGE_STATE_DIR``, written by a daemon thread."""
-    from anchorage.node_agent.state import (NodeState, PolicyStateExporter, block_pool_stats,
-                                            state_path)
+    from anchorage.node_agent.exporter import PolicyStateExporter, block_pool_stats
+    from anchorage.node_agent.recorder import NodeState
+    from anchorage.node_agent.snapshot import state_path
 
     name = _engine.policy
     driver.state = NodeState(block_size=vc.hash_block_size(pool))

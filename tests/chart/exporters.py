@@ -182,7 +182,8 @@ class NodeAgentPod:
 
     def __init__(self, workdir: Path, seed: int):
         from anchorage.node_agent import vllm_block_pool
-        from anchorage.node_agent.state import NodeState, block_pool_stats
+        from anchorage.node_agent.exporter import block_pool_stats
+        from anchorage.node_agent.recorder import NodeState
         from anchorage.policies.registry import make_policy
         from anchorage.pool.block_pool import BlockPool
         from tests.node_agent.harness import NodeAgent

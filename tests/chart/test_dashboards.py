@@ -340,7 +340,7 @@ def test_the_emitters_export_exactly_the_documented_series(prometheus):
 
 def test_eviction_reasons_in_the_docs_are_the_ones_the_code_emits(prometheus):
     from anchorage.node_agent.sidecar import Sidecar, SidecarConfig
-    from anchorage.node_agent.state import block_pool_stats
+    from anchorage.node_agent.exporter import block_pool_stats
 
     # every reason the code can put on anchorage_evictions_total: the block-pool driver's
     # counters for the lru policy and for any other, and a stock engine's (KV events)

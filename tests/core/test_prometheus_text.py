@@ -15,7 +15,8 @@ import pytest
 
 from anchorage.drive.metrics import parse, parse_node_agent
 from anchorage.prometheus_text import samples, sums
-from anchorage.node_agent.sidecar import Sidecar, SidecarConfig, parse_engine_load
+from anchorage.node_agent.engine_client import parse_engine_load
+from anchorage.node_agent.sidecar import Sidecar, SidecarConfig
 from anchorage.router.state import parse_vllm_gauges
 
 REAL = (Path(__file__).parent / "vllm_metrics.txt").read_text()

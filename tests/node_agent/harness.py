@@ -38,7 +38,7 @@ class NodeAgent:
                  warmup: WarmupConfig | None = None, model: str = "tiny", source=None,
                  node_state=None, stats=None):
         from anchorage.node_agent.sidecar import Sidecar, SidecarConfig
-        from anchorage.node_agent.state import PolicyStateExporter
+        from anchorage.node_agent.exporter import PolicyStateExporter
         from tests.node_agent.fake_engine import FakeEngine
 
         self.workdir, self.config_path = workdir, config_path

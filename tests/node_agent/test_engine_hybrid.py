@@ -148,7 +148,7 @@ def learned(pol) -> tuple:
 
 
 def test_warmups_are_not_learnt_and_a_warmed_anchor_is_hit(engine):
-    from anchorage.node_agent.state import NodeState
+    from anchorage.node_agent.recorder import NodeState
     from anchorage.node_agent.vllm_block_pool import driver as _driver
 
     trace = anchor_then_flood()[:12]  # the planner in 4 sessions, none idle for long

@@ -12,9 +12,16 @@ import pytest
 
 from anchorage.policies.base import RequestContext
 from anchorage.policies.registry import make_policy
-from anchorage.node_agent.state import (FORMAT, NodeState, PolicyStateExporter, StateError,
-                                        agent_label, parse_snapshot, read_snapshot,
-                                        write_settings)
+from anchorage.node_agent.exporter import PolicyStateExporter
+from anchorage.node_agent.recorder import NodeState, agent_label
+from anchorage.node_agent.snapshot import (
+    FORMAT,
+    Prediction,
+    StateError,
+    parse_snapshot,
+    read_snapshot,
+    write_settings,
+)
 
 BS = 4
 GROUP0 = (0).to_bytes(4, "big")  # vLLM's key = block hash + KV-cache group id
@@ -112,16 +119,16 @@ def test_exporter_writes_a_snapshot_the_sidecar_reads(learned, tmp_path):
     assert snap.policy == "cachescout" and snap.mode == "active"
     assert snap.config_generation == 7 and snap.block_size == BS
     assert 0.0 < snap.predictability <= 1.0
-    assert snap.counters["policy_errors"] == 1
-    assert snap.counters["evictions"] == {"fallback": 2}
-    assert snap.decision_seconds["counts"][-1] == 2 and snap.decision_seconds["counts"][1] == 1
-    assert set(snap.anchors) == {e.agent for e in state.anchors.entries.values()}
+    assert snap.counters.policy_errors == 1
+    assert snap.counters.evictions == {"fallback": 2}
+    assert snap.decision_seconds.counts[-1] == 2 and snap.decision_seconds.counts[1] == 1
+    assert set(snap.anchor_by_agent) == {e.agent for e in state.anchors.entries.values()}
     # every recent real request is in the access-log feed at sample rate 1
-    assert len(snap.requests) == 36 and snap.requests[-1]["seq"] == 36
-    assert all(len(r["hash_ids"]) == 5 for r in snap.requests)
+    assert len(snap.requests) == 36 and snap.requests[-1].seq == 36
+    assert all(len(r.hash_ids) == 5 for r in snap.requests)
     # predictions: agents with active sessions next (none here: every session ended at
     # agent 3, whose next is END) are probabilities in [0, 1]
-    assert all(0.0 <= p <= 1.0 for _, p in snap.predictions)
+    assert all(0.0 <= p.probability <= 1.0 for p in snap.predictions)
 
 
 def test_predictions_name_the_next_agent_of_active_sessions(learned, tmp_path):
@@ -129,7 +136,7 @@ def test_predictions_name_the_next_agent_of_active_sessions(learned, tmp_path):
     drive(policy, state, [(1, 77, 37.0, False)])   # a new session at agent 1
     exp = PolicyStateExporter(policy, tmp_path / "s.json", node_state=state)
     snap = parse_snapshot(exp.snapshot())
-    best, p = snap.predictions[0]
+    best, p = snap.predictions[0].agent, snap.predictions[0].probability
     fp2 = policy.fingerprint_of(keys_of(toks(2, 99)))
     assert best == agent_label(fp2) and p > 0.5
 
@@ -180,8 +187,8 @@ def test_stub_callable_and_bad_snapshots(tmp_path):
                                                     "last_seen_s": 0, "requests": 1}]}, path)
     exp.write_once()
     snap = read_snapshot(path)
-    assert snap.policy == "stub" and snap.predictions == [("fp:1", 0.8)]
-    assert snap.anchors["fp:1"]["token_ids"] == [1, 2]
+    assert snap.policy == "stub" and snap.predictions == (Prediction(agent="fp:1", probability=0.8),)
+    assert snap.anchor_by_agent["fp:1"].token_ids == [1, 2]
     assert read_snapshot(tmp_path / "missing.json") is None
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(StateError, match="bad.json: not JSON"):
@@ -200,7 +207,7 @@ def test_stub_callable_and_bad_snapshots(tmp_path):
 
 def test_block_pool_stats_reads_the_driver_counters():
     from anchorage.node_agent import vllm_block_pool
-    from anchorage.node_agent.state import block_pool_stats
+    from anchorage.node_agent.exporter import block_pool_stats
 
     saved = vllm_block_pool.STATS
     vllm_block_pool.STATS = vllm_block_pool.DriverStats(victims=5, stock_victims=2, errors=1)

@@ -1,6 +1,6 @@
 """The engine's side of the temporal controller (node_agent/temporal.py: warm-ups, reload
 outcomes, counters; the decisions are tests/tiering/test_controller.py's), the snapshot's
-pending reloads (node_agent/state.py) and the sidecar's reload scheduling
+pending reloads (node_agent/exporter.py, node_agent/snapshot.py) and the sidecar's reload scheduling
 (anchorage/warmup.py): pure, no engine."""
 
 from __future__ import annotations
@@ -10,13 +10,9 @@ import math
 
 import pytest
 from anchorage.node_agent import tiering as engine_tiering
-from anchorage.node_agent.state import (
-    NodeState,
-    PolicyStateExporter,
-    SessionPrompts,
-    StateError,
-    parse_snapshot,
-)
+from anchorage.node_agent.exporter import PolicyStateExporter
+from anchorage.node_agent.recorder import NodeState, SessionPrompts
+from anchorage.node_agent.snapshot import StateError, parse_snapshot
 from anchorage.node_agent.temporal import EngineController, TemporalParams
 
 from anchorage.policies.base import EvictionPolicy, RequestContext
@@ -188,11 +184,11 @@ def test_snapshot_pending_reloads_carry_the_prompt_and_parse_back(tmp_path):
                                          "offloads": {"ok": 1}, "pending_reloads": pending}}
     exp = PolicyStateExporter(lambda: view, tmp_path / "state.json", node_state=st)
     snap = parse_snapshot(exp.snapshot())
-    (r,) = snap.tiering["pending_reloads"]  # s2's prompt is unknown: nothing to warm
-    assert r["token_ids"] == [7] * 64 and r["cache_salt"] == "salt-1" and r["at_s"] == 5.0
+    (r,) = snap.tiering.pending_reloads  # s2's prompt is unknown: nothing to warm
+    assert list(r.token_ids) == [7] * 64 and r.cache_salt == "salt-1" and r.at_s == 5.0
     bad = exp.snapshot()
     bad["tiering"]["pending_reloads"][0]["token_ids"] = ["x"]
-    with pytest.raises(StateError, match="token_ids must be a non-empty list of ints"):
+    with pytest.raises(StateError, match="token_ids: must be a non-empty list of ints"):
         parse_snapshot(bad)
 
 

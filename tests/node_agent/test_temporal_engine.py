@@ -21,7 +21,9 @@ from __future__ import annotations
 import pytest
 from anchorage.node_agent import request_context, vllm_block_pool, vllm_compat, vllm_hooks
 from anchorage.node_agent.sidecar import Sidecar, SidecarConfig
-from anchorage.node_agent.state import NodeState, PolicyStateExporter, parse_snapshot
+from anchorage.node_agent.exporter import PolicyStateExporter
+from anchorage.node_agent.recorder import NodeState
+from anchorage.node_agent.snapshot import parse_snapshot
 from anchorage.node_agent.temporal import TemporalParams, TemporalTiering
 
 from anchorage.policies.registry import make_policy
@@ -186,13 +188,13 @@ def test_the_sidecar_reloads_the_session_at_reload_at_and_its_next_request_hits(
 
     exporter = PolicyStateExporter(policy, tmp_path / "state.json", node_state=drv.state)
     snap = parse_snapshot(exporter.snapshot())
-    assert snap.tiering["mode"] == "temporal"
-    assert snap.tiering["offloads"]["ok"] >= 1
-    (r,) = snap.tiering["pending_reloads"]
-    assert r["session"] == "s" and r["token_ids"] == s_toks
+    assert snap.tiering.mode == "temporal"
+    assert snap.tiering.offloads["ok"] >= 1
+    (r,) = snap.tiering.pending_reloads
+    assert r.session == "s" and list(r.token_ids) == s_toks
     stall = policy.temporal.stalls["s"]
     assert end_s + 80.0 < stall.reload_at < end_s + 100.0  # end + stall - reload - lead
-    unix_at = r["at_s"]
+    unix_at = r.at_s
 
     sidecar = Sidecar(SidecarConfig(state_dir=str(tmp_path)))
     assert sidecar.due_reloads(snap, unix_at - 1.0) == []  # not before reload_at

@@ -8,7 +8,8 @@ import asyncio
 import time
 
 import httpx
-from anchorage.node_agent.state import NodeState, PolicyStateExporter
+from anchorage.node_agent.exporter import PolicyStateExporter
+from anchorage.node_agent.recorder import NodeState
 
 from anchorage.policies.base import EvictionPolicy, RequestContext
 from tests.node_agent.test_sidecar import env, make, metric, until  # noqa: F401 (fixture)

@@ -10,7 +10,8 @@ from anchorage.node_agent import vllm_block_pool, vllm_compat
 from anchorage.node_agent.config import ConfigWatcher, PolicyConfig
 from anchorage.node_agent.reload import PolicyReloader
 from anchorage.node_agent.sidecar import Sidecar, SidecarConfig
-from anchorage.node_agent.state import PolicyStateExporter, read_snapshot, state_path
+from anchorage.node_agent.exporter import PolicyStateExporter
+from anchorage.node_agent.snapshot import read_snapshot, state_path
 from anchorage.node_agent.tiering import EngineTiering
 from prometheus_client import generate_latest
 
@@ -79,8 +80,8 @@ def test_reserved_blocks_of_the_critical_agent_reach_the_sidecars_metrics(own_po
     path = state_path(tmp_path)
     PolicyStateExporter(pol, path, policy_name="lru").write_once()
     snap = read_snapshot(path)
-    assert snap.tiering["mode"] == "spatial"
-    assert snap.tiering["reserved_blocks"] == {a: n for a, n in pol.reserved.items() if n}
+    assert snap.tiering.mode == "spatial"
+    assert snap.tiering.reserved_blocks == {a: n for a, n in pol.reserved.items() if n}
     sc = Sidecar(SidecarConfig(state_dir=str(tmp_path), policy_env="lru"))
     sc.model_name = "tiny"
     sc.snapshot = snap
@@ -105,7 +106,7 @@ def test_the_snapshot_of_a_tiered_policy_carries_the_reservation(inner, tmp_path
     assert exp.errors == 0  # the wrapper's own learner once hid the wrapped policy's
     snap = read_snapshot(state_path(tmp_path))
     assert snap.policy == inner
-    assert snap.tiering == {"mode": "spatial", "reserved_blocks": {"planner": 3}}
+    assert snap.tiering.to_json() == {"mode": "spatial", "reserved_blocks": {"planner": 3}}
     plain = PolicyStateExporter(make_policy(inner, block_size=4), state_path(tmp_path / "p"))
     plain.write_once()
     assert read_snapshot(state_path(tmp_path / "p")).tiering is None  # tiering off
@@ -114,8 +115,9 @@ def test_the_snapshot_of_a_tiered_policy_carries_the_reservation(inner, tmp_path
 def test_a_malformed_tiering_section_is_one_clear_error():
     import time
 
-    from anchorage.node_agent.state import FORMAT, StateError, parse_snapshot
+    from anchorage.node_agent.snapshot import FORMAT, StateError, parse_snapshot
 
     doc = {"format": FORMAT, "written_s": time.time(), "tiering": {"reserved_blocks": [1]}}
-    with pytest.raises(StateError, match="tiering.reserved_blocks must be an object"):
+    with pytest.raises(StateError, match="state.json: tiering.reserved_blocks: must be an "
+                                         "object, not list"):
         parse_snapshot(doc, "state.json")

@@ -80,7 +80,8 @@ def _replayed(name: str = "hybrid"):
 
 
 def test_the_node_state_and_exporter_read_only_the_interface():
-    from anchorage.node_agent.state import NodeState, policy_view
+    from anchorage.node_agent.exporter import policy_view
+    from anchorage.node_agent.recorder import NodeState
 
     ctxs, real, facade = _replayed()
     states = []
