@@ -18,7 +18,10 @@ A warm-up for agent ``a`` is issued iff all hold:
 6. the token bucket allows it: ``rate_per_s`` tokens per second, burst ``burst``.
 
 Candidates are taken in decreasing probability, at most ``max_per_tick`` per tick.
-Parameters and defaults are in ``WarmupConfig``. Outcomes (``used`` when a real request
+Parameters and defaults are in ``WarmupConfig``. A warm-up is ``anchor_body``: the
+anchor's token ids under the cache salt of the tenant whose requests it was learnt from
+(a warm-up without it would put a tenant's prompt in the unsalted cache, where any client
+sending the same tokens hits it). Outcomes (``used`` when a real request
 hit the warmed anchor before it was evicted, ``wasted`` when it was evicted unused,
 ``skipped`` with a reason) are counted by the caller from the engine's events.
 """
@@ -195,6 +198,20 @@ class ReloadScheduler:
         self._done[rid] = None
         while len(self._done) > self.config.max_tracked:
             del self._done[next(iter(self._done))]
+
+
+def anchor_body(model: str, token_ids: Sequence[int], agent: str,
+                cache_salt: str | None = None, tenant: str | None = None) -> dict:
+    """The warm-up of an agent's anchor (``POST /v1/completions``): its token ids, one
+    output token, marked as a warm-up of ``agent`` (the client's hint or the fingerprint
+    label), under the cache salt (and tenant) of the requests it was learnt from."""
+    xargs: dict = {"anchorage.warmup": 1, "anchorage.agent": agent}
+    if tenant:
+        xargs["anchorage.tenant"] = tenant
+    body = {"model": model, "prompt": list(token_ids), "max_tokens": 1, "vllm_xargs": xargs}
+    if cache_salt:
+        body["cache_salt"] = cache_salt
+    return body
 
 
 def reload_body(model: str, r: dict) -> dict:

@@ -8,8 +8,9 @@ socket (frames: topic, sequence number, payload); events are maps tagged by ``ty
 vLLM's block hashes are seeded per process, so the sidecar names blocks by token-chain keys
 (``anchorage.routing.keys.token_block_keys``: the same key for the same token prefix, in
 any process), translated from each stored block's parent and token ids exactly as the
-router does (``anchorage.routing.vllm_events.VLLMEventTranslator``). An anchor (token ids
-from the plugin's registry) is cached iff its last key is.
+router does (``anchorage.routing.vllm_events.VLLMEventTranslator``, which also reads the
+``cache_salt`` vLLM publishes with a chain's first block). An anchor (token ids and cache
+salt from the plugin's registry) is cached iff its last key is.
 
 ``CacheTracker`` is pure (events in, state out); ``KVEventSubscriber`` is the ZMQ adapter
 (a daemon thread; connect it before the engine publishes: PUB drops what no SUB hears).
@@ -30,9 +31,11 @@ from anchorage.routing.vllm_events import VLLMEventTranslator
 log = logging.getLogger("anchorage.node_agent.kv_events")
 
 
-def anchor_key(token_ids: Sequence[int], block_size: int) -> int | None:
-    """The key of an anchor's last full block (None when shorter than a block)."""
-    keys = token_block_keys(token_ids, block_size) if block_size > 0 else []
+def anchor_key(token_ids: Sequence[int], block_size: int,
+               cache_salt: str | None = None) -> int | None:
+    """The key of an anchor's last full block under ``cache_salt`` (None when shorter
+    than a block): a salted prefix is another chain (vLLM salts its first block)."""
+    keys = token_block_keys(token_ids, block_size, cache_salt) if block_size > 0 else []
     return keys[-1] if keys else None
 
 

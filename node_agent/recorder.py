@@ -49,11 +49,13 @@ class AnchorEntry:
     first_s: float
     last_seen_s: float
     requests: int = 1
+    cache_salt: str | None = None   # of the request whose tokens these are
+    tenant: str | None = None
 
     def snapshot(self) -> Anchor:
         return Anchor(agent=self.agent, hint=self.hint, token_ids=self.token_ids,
                       first_s=self.first_s, last_seen_s=self.last_seen_s,
-                      requests=self.requests)
+                      requests=self.requests, cache_salt=self.cache_salt, tenant=self.tenant)
 
 
 class AnchorRegistry:
@@ -61,7 +63,12 @@ class AnchorRegistry:
 
     Bounded: ``max_anchors`` entries (least recently seen dropped), anchors longer than
     ``max_tokens`` are not kept (they would not fit a warm-up anyway). An agent's anchor
-    grows to the longest shared prefix seen since (its first request shares nothing)."""
+    grows to the longest shared prefix seen since (its first request shares nothing).
+
+    Each anchor keeps the cache salt (and tenant) of the request its tokens come from: a
+    warm-up of the anchor must carry that salt, or it would fill the unsalted cache with a
+    tenant's prompt for anyone to hit. (A fingerprint is a salted block key, so one agent
+    label never mixes salts.)"""
 
     def __init__(self, max_anchors: int = 256, max_tokens: int = 32768):
         self.max_anchors = max_anchors
@@ -69,7 +76,8 @@ class AnchorRegistry:
         self.entries: OrderedDict[str, AnchorEntry] = OrderedDict()
 
     def offer(self, agent: str, token_ids: Callable[[], Sequence[int]] | Sequence[int],
-              now_s: float, hint: str | None = None, length: int | None = None) -> None:
+              now_s: float, hint: str | None = None, length: int | None = None,
+              cache_salt: str | None = None, tenant: str | None = None) -> None:
         """``length``: how many tokens ``token_ids`` gives (lets a known agent's anchor
         grow without building the list: the first request of an agent shares nothing
         yet, so its anchor is learnt longer as later requests share more)."""
@@ -83,11 +91,13 @@ class AnchorRegistry:
             if length is not None and len(e.token_ids) < length <= self.max_tokens:
                 e.token_ids = [int(t) for t in (token_ids() if callable(token_ids)
                                                 else token_ids)]
+                e.cache_salt, e.tenant = cache_salt, tenant
             return
         toks = token_ids() if callable(token_ids) else token_ids
         if not toks or len(toks) > self.max_tokens:
             return
-        self.entries[agent] = AnchorEntry(agent, [int(t) for t in toks], hint, now_s, now_s)
+        self.entries[agent] = AnchorEntry(agent, [int(t) for t in toks], hint, now_s, now_s,
+                                          cache_salt=cache_salt, tenant=tenant)
         while len(self.entries) > self.max_anchors:
             self.entries.popitem(last=False)
 
@@ -173,7 +183,8 @@ class NodeState:
             toks = prompt_token_ids
             self.anchors.offer(label, lambda: list(toks[: n * self.block_size]), now,
                                getattr(ctx, "agent_hint", None),
-                               length=min(n * self.block_size, len(toks)))
+                               length=min(n * self.block_size, len(toks)),
+                               cache_salt=cache_salt, tenant=getattr(ctx, "tenant", None))
         if sid is not None:
             if sid in self._expect:
                 exp = self._expect[sid]

@@ -19,7 +19,7 @@ Format ``anchorage-node-state/v1``: one JSON object, a ``Snapshot`` (``to_json``
     decision_seconds          DecisionHistogram {"le": [...], "counts": [...cumulative],
                                "sum": s, "count": n}, or null
     anchors                   [Anchor {"agent", "hint", "token_ids", "first_s",
-                               "last_seen_s", "requests", "cache_salt"}]
+                               "last_seen_s", "requests", "cache_salt", "tenant"}]
     requests                  [AccessRecord {"seq", "t", "hash_ids", "input_length",
                                "output_length", "session_id", "tenant", "tool_name",
                                "tool_args", "agent"}]  (the access log's feed)
@@ -32,7 +32,7 @@ Anything of the wrong type is a ``StateError`` naming the file and the field
 
 Compatibility (the plugin and the sidecar ship in different images, so either may be the
 older one): fields are never renamed or removed. Fields added after the first release
-(``counters.config_rejected``, ``anchors[].cache_salt``) are optional: ``None`` reads as
+(``counters.config_rejected``, ``anchors[].cache_salt``, ``anchors[].tenant``) are optional: ``None`` reads as
 "not reported" and is not written. Top-level fields this reader does not know are kept in
 ``Snapshot.extensions`` and written back unchanged (a newer plugin's sections pass
 through); unknown keys inside a known section are ignored. A snapshot an older plugin
@@ -215,7 +215,8 @@ class Prediction(_Section):
 @_frozen
 class Anchor(_Section):
     """One agent's anchor: the token ids of the longest shared prefix seen with its
-    fingerprint, and the cache salt its requests carry (None: unsalted)."""
+    fingerprint, and the cache salt and tenant of the request they come from (None:
+    unsalted; a warm-up of the anchor carries the same salt)."""
 
     agent: str = _f(_str)
     hint: str | None = _f(_str, None)
@@ -224,6 +225,7 @@ class Anchor(_Section):
     last_seen_s: float = _f(_num, 0.0)
     requests: int = _f(_int, 1)
     cache_salt: str | None = _f(_str, None, omit_none=True)
+    tenant: str | None = _f(_str, None, omit_none=True)
 
 
 @_frozen

@@ -15,7 +15,9 @@ import pytest
 
 from anchorage.policies.base import RequestContext
 from anchorage.policies.registry import make_policy
-from anchorage.node_agent.state import NodeState, PolicyStateExporter, policy_view, write_settings
+from anchorage.node_agent.exporter import PolicyStateExporter, policy_view
+from anchorage.node_agent.recorder import NodeState
+from anchorage.node_agent.snapshot import FORMAT, Anchor, Snapshot, StateError, write_settings
 
 DATA = Path(__file__).parent / "data"
 BS = 4
@@ -102,10 +104,64 @@ def snapshots(tmp_path: Path) -> dict[str, bytes]:
     return out
 
 
+# Fields added to v1 since the golden files were written (optional, absent when None)
+ADDED = {"anchors": ("cache_salt", "tenant")}
+
+
+def without_added(doc: dict) -> dict:
+    for section, keys in ADDED.items():
+        for obj in doc[section]:
+            for k in keys:
+                obj.pop(k, None)
+    return doc
+
+
 def test_exporter_writes_the_golden_bytes(tmp_path, fixed_clock):
+    """Every field of the first release, byte for byte; the added ones only where set."""
     got = snapshots(tmp_path)
-    if os.environ.get("ANCHORAGE_WRITE_GOLDEN"):
-        for k, b in got.items():
-            (DATA / f"state-v1-{k}.json").write_bytes(b)
     for k, b in got.items():
-        assert b == (DATA / f"state-v1-{k}.json").read_bytes(), k
+        doc = json.loads(b)
+        salted = [a for a in doc["anchors"] if "cache_salt" in a]
+        assert salted and all(a["cache_salt"] == "salt-a" and a["tenant"] == "t-a"
+                              for a in salted)   # the odd sessions' agents
+        assert all("tenant" not in a for a in doc["anchors"] if "cache_salt" not in a)
+        old = json.dumps(without_added(doc), separators=(",", ":")).encode()
+        assert old == (DATA / f"state-v1-{k}.json").read_bytes(), k
+
+
+@pytest.mark.parametrize("case", ["policy", "view"])
+def test_a_snapshot_an_older_plugin_wrote_reads_and_writes_back_byte_for_byte(case):
+    raw = (DATA / f"state-v1-{case}.json").read_bytes()
+    snap = Snapshot.from_json(json.loads(raw), case)
+    assert json.dumps(snap.to_json(), separators=(",", ":")).encode() == raw
+    assert snap.counters.config_rejected is None   # not reported by that plugin
+    assert snap.anchors and all(isinstance(a, Anchor) for a in snap.anchors)
+
+
+def test_a_newer_plugins_sections_pass_through_and_bad_fields_are_named():
+    doc = json.loads((DATA / "state-v1-view.json").read_bytes())
+    doc["host_tier"] = {"hits": {"tokens": 3}}
+    snap = Snapshot.from_json(doc)
+    assert snap.extensions == {"host_tier": {"hits": {"tokens": 3}}}
+    assert snap.to_json() == doc
+    for path, value, problem in (
+            (("anchors", 2, "token_ids"), [1, "x"], "anchors[2].token_ids: must be a list of ints"),
+            (("counters", "policy_errors"), "1", "counters.policy_errors: must be an integer"),
+            (("requests", 0, "hash_ids"), None, None),   # absent hash ids read as none
+            (("tiering", "pending_reloads", 0, "at_s"), "soon",
+             "tiering.pending_reloads[0].at_s: must be a number"),
+            (("predictions", 1), [], "predictions[1]: must be an object, not list"),
+            (("decision_seconds", "counts"), [1], "decision_seconds: le and counts differ")):
+        bad = json.loads(json.dumps(doc))
+        d = bad
+        for k in path[:-1]:
+            d = d[k]
+        d[path[-1]] = value
+        if problem is None:
+            assert list(Snapshot.from_json(bad, "state.json").requests[0].hash_ids) == []
+            continue
+        with pytest.raises(StateError) as exc:
+            Snapshot.from_json(bad, "state.json")
+        assert str(exc.value).startswith("state.json: ") and problem in str(exc.value), exc.value
+    with pytest.raises(StateError, match="written_s: required"):
+        Snapshot.from_json({"format": FORMAT})
