@@ -1,14 +1,35 @@
-"""The node-agent sidecar's HTTP endpoints: a Starlette app, served by uvicorn inside the
+"""The node-agent sidecar's HTTP endpoints: two Starlette apps, served by uvicorn inside the
 sidecar's own event loop.
+
+The main app (``build_app``, ``--port``; Prometheus and the kubelet's probes reach it):
 
 | request | answer |
 |---|---|
 | ``GET /metrics`` | 200, Prometheus text (``prometheus_client.CONTENT_TYPE_LATEST``) |
 | ``GET /healthz`` | 200 ``ok`` (the process serves) |
 | ``GET /readyz`` | 200 or 503, the reason as text (``Sidecar.ready``) |
-| ``GET /v1/access-log``, ``GET /access-log`` | 200 ``application/x-ndjson``, anchorage-trace/v1; ``?drain=1`` (``true``, ``yes``) empties the buffer |
+| ``/v1/access-log``, ``/access-log`` | 404 (the access log is served on its own port) |
+
+The access-log app (``build_access_log_app``, ``--access-log-port``; the chart's
+NetworkPolicy admits only the operator to that port). The log holds every sampled tenant's
+session ids, tool names and arguments, so each request needs the token the operator holds
+(``Authorization: Bearer <token>``, ``ANCHORAGE_ACCESS_LOG_TOKEN``, compared in constant
+time), and reading never changes it:
+
+| request | answer |
+|---|---|
+| ``GET /v1/access-log``, ``GET /access-log`` | 200 ``application/x-ndjson``, anchorage-trace/v1 (header line, then records); the buffer is kept |
+| ``GET`` with ``?drain=...`` | 400: draining is ``POST .../drain`` |
+| ``POST /v1/access-log/drain``, ``POST /access-log/drain`` | 200, the same JSONL, then the buffer is emptied |
+| no ``Authorization`` header (or not ``Bearer``) | 401 ``WWW-Authenticate: Bearer`` |
+| a wrong token | 403 |
+
+Both apps:
+
+| request | answer |
+|---|---|
 | any other path | 404 ``not found`` |
-| another method on a known path | 405 ``only GET`` (``HEAD`` is ``GET`` without the body) |
+| another method on a known path | 405 ``only GET`` (``only POST`` on ``.../drain``; ``HEAD`` is ``GET`` without the body) |
 | a request h11 cannot parse (not HTTP, oversized headers) | 400 (or the connection closed) |
 | an endpoint that raises | 500 ``internal error`` (logged) |
 
@@ -26,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import socket
 from typing import Awaitable, Callable, Protocol
@@ -40,15 +62,18 @@ log = logging.getLogger("anchorage.node_agent.sidecar")
 
 REQUEST_DEADLINE_S = 10.0
 ACCESS_LOG_PATHS = ("/v1/access-log", "/access-log")
-DRAIN_VALUES = ("1", "true", "yes")
 
 
 class Served(Protocol):
-    """What the endpoints read of the sidecar."""
+    """What the main app reads of the sidecar."""
 
     registry: object  # prometheus_client CollectorRegistry
 
     def ready(self) -> tuple[bool, str]: ...
+
+
+class AccessLogServed(Protocol):
+    """What the access-log app reads of the sidecar."""
 
     def access_log_text(self, drain: bool) -> str: ...
 
@@ -68,6 +93,21 @@ def _guarded(fn: Callable[[Request], Awaitable[Response]]):
     return endpoint
 
 
+def _app(routes: list[Route]) -> Starlette:
+    async def not_found(_: Request, __: HTTPException) -> Response:
+        return text(404, "not found")
+
+    async def not_allowed(_: Request, exc: HTTPException) -> Response:
+        allow = {k.lower(): v for k, v in (exc.headers or {}).items()}.get("allow", "GET")
+        r = text(405, "only GET" if "GET" in allow else "only POST")
+        r.headers.update(exc.headers or {})
+        return r
+
+    app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_allowed})
+    app.router.redirect_slashes = False  # /healthz/ is not found, not a redirect
+    return app
+
+
 def build_app(sc: Served) -> Starlette:
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -81,26 +121,49 @@ def build_app(sc: Served) -> Starlette:
         ok, why = sc.ready()
         return text(200 if ok else 503, why)
 
-    async def access_log(request: Request) -> Response:
-        drain = request.query_params.get("drain", "0") in DRAIN_VALUES
+    async def elsewhere(_: Request) -> Response:
+        return text(404, "not found (the access log is served on its own port)")
+
+    return _app([Route("/metrics", _guarded(metrics), methods=["GET"]),
+                 Route("/healthz", _guarded(healthz), methods=["GET"]),
+                 Route("/readyz", _guarded(readyz), methods=["GET"])]
+                + [Route(p, elsewhere) for p in ACCESS_LOG_PATHS])
+
+
+def authorized(headers, token: str) -> Response | None:
+    """None when ``headers`` carry ``Authorization: Bearer <token>``; else the answer: 401
+    without a bearer credential, 403 with a wrong one (and with no token configured)."""
+    scheme, _, given = headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not given.strip():
+        r = text(401, "the access log needs the operator's token (Authorization: Bearer)")
+        r.headers["www-authenticate"] = 'Bearer realm="anchorage-access-log"'
+        return r
+    if not token or not hmac.compare_digest(given.strip().encode(), token.encode()):
+        return text(403, "wrong access-log token")
+    return None
+
+
+def build_access_log_app(sc: AccessLogServed, token: str) -> Starlette:
+    """The access log behind ``token`` (see the module's table)."""
+
+    def answer(drain: bool) -> Response:
         return Response(sc.access_log_text(drain).encode(),
                         headers={"content-type": "application/x-ndjson"})
 
-    async def not_found(_: Request, __: HTTPException) -> Response:
-        return text(404, "not found")
+    async def read(request: Request) -> Response:
+        denied = authorized(request.headers, token)
+        if denied is not None:
+            return denied
+        if "drain" in request.query_params:
+            return text(400, f"GET never empties the log: POST {request.url.path}/drain")
+        return answer(False)
 
-    async def not_allowed(_: Request, exc: HTTPException) -> Response:
-        r = text(405, "only GET")
-        r.headers.update(exc.headers or {})
-        return r
+    async def drain(request: Request) -> Response:
+        return authorized(request.headers, token) or answer(True)
 
-    routes = [Route("/metrics", _guarded(metrics), methods=["GET"]),
-              Route("/healthz", _guarded(healthz), methods=["GET"]),
-              Route("/readyz", _guarded(readyz), methods=["GET"])]
-    routes += [Route(p, _guarded(access_log), methods=["GET"]) for p in ACCESS_LOG_PATHS]
-    app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_allowed})
-    app.router.redirect_slashes = False  # /healthz/ is not found, not a redirect
-    return app
+    return _app([Route(p, _guarded(read), methods=["GET"]) for p in ACCESS_LOG_PATHS]
+                + [Route(p + "/drain", _guarded(drain), methods=["POST"])
+                   for p in ACCESS_LOG_PATHS])
 
 
 def _h11_with_deadline():

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -18,6 +17,8 @@ from prometheus_client.core import (
     HistogramMetricFamily,
 )
 from prometheus_client.registry import Collector, CollectorRegistry
+
+from anchorage.node_agent.snapshot import DecisionHistogram, Tiering
 
 WARMUP_OUTCOMES = ("issued", "used", "wasted", "skipped", "failed")
 PREDICTION_OUTCOMES = ("correct", "wrong", "none")
@@ -31,6 +32,7 @@ class MetricsView:
     policy: str = "off"
     mode: str = "stock"
     config_generation: int = 0
+    config_rejected: int = 0
     evictions: dict[str, int] = field(default_factory=dict)
     evictions_reused: int = 0
     protected_blocks: dict[str, int] = field(default_factory=lambda: {"anchor": 0, "session": 0})
@@ -38,9 +40,9 @@ class MetricsView:
     predictability: float = 0.0
     warmups: dict[str, int] = field(default_factory=lambda: dict.fromkeys(WARMUP_OUTCOMES, 0))
     policy_errors: int = 0
-    decision_seconds: dict[str, Any] | None = None
+    decision_seconds: DecisionHistogram | None = None
     access_log_records: int = 0
-    tiering: dict[str, Any] | None = None  # the snapshot's (state.py); None: tiering off
+    tiering: Tiering | None = None  # the snapshot's (node_agent/snapshot.py); None: off
 
 
 class NodeAgentCollector(Collector):
@@ -58,6 +60,11 @@ class NodeAgentCollector(Collector):
                               "config in force (0 before any).", labels=["model_name"])
         g.add_metric([m], float(v.config_generation))
         yield g
+        c = CounterMetricFamily("anchorage_config_rejected", "Versions of the operator's "
+                                "config refused (the previous one stays in force).",
+                                labels=["model_name"])
+        c.add_metric([m], float(v.config_rejected))
+        yield c
         c = CounterMetricFamily("anchorage_evictions", "Cached blocks evicted, by reason.",
                                 labels=["model_name", "policy", "reason"])
         for reason, n in sorted(v.evictions.items()):
@@ -96,10 +103,10 @@ class NodeAgentCollector(Collector):
                                   "eviction victims for one allocation (sampled).",
                                   labels=["model_name", "policy"])
         d = v.decision_seconds
-        if d and d.get("le") and len(d.get("counts", [])) == len(d["le"]):
+        if d is not None and d.le and len(d.counts) == len(d.le):
             buckets = [("+Inf" if le == "+Inf" else repr(float(le)), float(n))
-                       for le, n in zip(d["le"], d["counts"])]
-            h.add_metric([m, v.policy], buckets, float(d.get("sum", 0.0)))
+                       for le, n in zip(d.le, d.counts)]
+            h.add_metric([m, v.policy], buckets, float(d.sum))
         else:
             h.add_metric([m, v.policy], [("+Inf", 0.0)], 0.0)
         yield h
@@ -119,7 +126,7 @@ TIERING_COUNTERS = (  # (snapshot key, metric, label, help): only from an engine
 )
 
 
-def tiering_families(m: str, t: dict[str, Any] | None):
+def tiering_families(m: str, t: Tiering | None):
     """``anchorage_tiering_*`` (docs/tiering.md): nothing while tiering is off; the reserved
     blocks per agent when it is on; the offload/reload/bytes counters only when the engine
     reports them (it does temporal tiering: not on the CPU build), never as made-up zeros."""
@@ -127,13 +134,14 @@ def tiering_families(m: str, t: dict[str, Any] | None):
         return
     g = GaugeMetricFamily("anchorage_tiering_reserved_blocks", "GPU blocks reserved for a "
                           "critical agent (spatial tiering).", labels=["model_name", "agent"])
-    for agent, n in sorted(t.get("reserved_blocks", {}).items()):
+    for agent, n in sorted((t.reserved_blocks or {}).items()):
         g.add_metric([m, agent], float(n))
     yield g
     for key, name, label, doc in TIERING_COUNTERS:
-        if key in t:
+        counts = getattr(t, key)
+        if counts is not None:
             c = CounterMetricFamily(name, doc, labels=["model_name", label])
-            for k, n in sorted(t[key].items()):
+            for k, n in sorted(counts.items()):
                 c.add_metric([m, k], float(n))
             yield c
 

@@ -31,6 +31,10 @@ engine start whose cache is already warm:
 3. the node state, the snapshot exporter (now reading the new policy) and the error
    counters carry over; the exporter reports the new generation and policy name.
 
+Every version not applied (the parser's ``ConfigError``, parameters the policy rejects, a
+failed swap) is counted by the watcher (``ConfigWatcher.rejected``); the exporter reports
+the count as ``counters.config_rejected`` (the sidecar's ``anchorage_config_rejected_total``).
+
 What the old policy learned (gap histograms, transitions, fingerprints) is not carried:
 a parameter change restarts learning. The swap walks the block table once (O(blocks),
 milliseconds for 10^5 blocks), only when a config is applied. Any exception during the
@@ -92,10 +96,16 @@ class PolicyReloader:
         exporter = getattr(self._driver(), "exporter", None)
         if exporter is not None:
             exporter.config_generation = self.generation
+            exporter.config_rejected = self.rejected
             exporter.policy_name = current.name
 
     def generation(self) -> int:
         return self.current.generation
+
+    def rejected(self) -> int:
+        """Versions refused since the engine started (at start too: the watcher is the
+        start's, copied)."""
+        return self.watcher.rejected
 
     def _driver(self) -> Any:
         return vc.driver(self.pool)
@@ -111,6 +121,7 @@ class PolicyReloader:
                 return False
             return self.apply(cfg)
         except Exception as exc:  # never break serving for a config
+            self.watcher.rejected += 1
             log.warning("anchorage: config %s not applied (%s: %s); the previous config "
                         "stays in force", self.watcher.path, exc.__class__.__name__, exc,
                         exc_info=True)
@@ -144,7 +155,7 @@ class PolicyReloader:
             new.exporter.policy_name = cfg.name
             new.exporter.config_generation = self.generation
             if cfg.name != self.current.name:
-                from anchorage.node_agent.state import block_pool_stats
+                from anchorage.node_agent.exporter import block_pool_stats
 
                 new.exporter.stats = block_pool_stats(cfg.name)
         prev = self.current

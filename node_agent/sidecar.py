@@ -1,152 +1,62 @@
 """The node-agent sidecar: warm-ups, metrics, access log, health, config reload.
 
-Runs next to one engine (asyncio, one process). Every ``tick_s``:
+Runs next to one engine (asyncio, one process). Every ``tick_s``, in this order:
 
-1. reads the engine's load (``vllm:num_requests_running`` / ``vllm:num_requests_waiting``
-   from its ``/metrics``) and the plugin's snapshot (``node_agent.state``);
-2. resolves pending warm-ups (``WarmupLedger``): ``used`` when a real request with the
-   warmed agent's fingerprint arrived after the warm-up completed and before its anchor's
-   last block left the cache; ``wasted`` when it left first (or after ``horizon_s``);
-3. sends the temporal controller's reloads that are due (``tiering.pending_reloads`` in
-   the snapshot, ``anchorage.warmup.ReloadScheduler``: the session's last prompt,
-   ``max_tokens`` = 1, ``anchorage.warmup`` = 1, its session id and cache salt), then
-   asks ``anchorage.warmup.WarmupScheduler`` which predicted agents to warm (anchors known
-   from the plugin's registry; cached ones, from the engine's KV events, are skipped) and
-   sends each as ``POST /v1/completions`` with ``prompt`` = the anchor's token ids,
-   ``max_tokens`` = 1 and ``vllm_xargs`` ``{"anchorage.warmup": 1, "anchorage.agent":
-   ...}`` (docs/request-metadata.md);
-4. moves the snapshot's sampled requests into the access log (bounded, rate-limited);
-5. re-reads ``ANCHORAGE_CONFIG`` when it changed: its generation, and the warm-up knobs
-   ``policy.parameters`` set (``prefetch.enabled``, ``prefetch.ratePerSecond``, ``rMin``
-   over the command line's ``--no-warmup``, ``--warmup-rate``, ``--warmup-r-min``).
+1. re-reads ``ANCHORAGE_CONFIG`` when it changed (``node_agent.sidecar_config``);
+2. ``_scrape_engine``: the engine's load (``vllm:num_requests_running`` /
+   ``vllm:num_requests_waiting`` from its ``/metrics``) and served model
+   (``node_agent.engine_client``);
+3. ``_read_snapshot``: the plugin's snapshot (``node_agent.snapshot``), whose sampled
+   requests go into the access log (``node_agent.access_log``);
+4. ``_follow_config``: puts in force the warm-up knobs of the document whose generation
+   the engine runs (its snapshot's ``config_generation``; with no plugin, the latest
+   document read); while a plugin is expected but has not written a fresh snapshot,
+   nothing changes;
+5. resolves pending warm-ups (``node_agent.ledger.WarmupLedger``: used or wasted);
+6. ``_send_reloads``: the temporal controller's reloads that are due
+   (``tiering.pending_reloads``, ``anchorage.warmup.ReloadScheduler``: the session's last
+   prompt, ``max_tokens`` = 1, ``anchorage.warmup`` = 1, its session id and cache salt);
+7. ``_send_warmups``: asks ``anchorage.warmup.WarmupScheduler`` which predicted agents to
+   warm (anchors known from the plugin's registry; cached ones, from the engine's KV
+   events, are skipped) and sends each as ``POST /v1/completions`` with ``prompt`` = the
+   anchor's token ids, ``max_tokens`` = 1, ``vllm_xargs`` ``{"anchorage.warmup": 1,
+   "anchorage.agent": ...}`` and the anchor's ``cache_salt`` (``anchorage.warmup.anchor_body``;
+   docs/request-metadata.md).
+
+Steps 6 and 7 need the engine answering and a fresh snapshot.
 
 HTTP (bound to 127.0.0.1 unless told otherwise): ``/metrics``, ``/healthz`` (the loop
 runs), ``/readyz`` (the engine answered and the snapshot is fresh; with the plugin off,
-the engine alone), ``/v1/access-log`` and ``/access-log`` (anchorage-trace/v1 JSONL; add
-``?drain=1`` to empty the buffer); the table of answers is in ``node_agent.endpoints``.
-SIGTERM/SIGINT stop it gracefully.
+the engine alone); with ``access_log_port``, the access log on that port, behind the
+operator's token (anchorage-trace/v1 JSONL; ``POST .../drain`` empties it); the tables of
+answers are in ``node_agent.endpoints``. SIGTERM/SIGINT stop it gracefully.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import math
-import os
 import signal
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
-from anchorage.access_log import AccessLogConfig, AccessLogSampler
-from anchorage.prometheus_text import sums
-from anchorage.config import document
-from anchorage.trace.format import TraceHeader, dumps_trace
-from anchorage.warmup import (ReloadConfig, ReloadScheduler, WarmupConfig, WarmupScheduler,
-                              reload_body)
-from anchorage.node_agent.endpoints import HTTPServer, build_app
+from anchorage.warmup import ReloadScheduler, WarmupScheduler, anchor_body, reload_body
+from anchorage.node_agent.access_log import AccessLogFeed
+from anchorage.node_agent.endpoints import HTTPServer, build_access_log_app, build_app
+from anchorage.node_agent.engine_client import EngineClient
 from anchorage.node_agent.kv_events import CacheTracker, KVEventSubscriber, anchor_key
+from anchorage.node_agent.ledger import WarmupLedger
 from anchorage.node_agent.metrics import MetricsView, make_registry
-from anchorage.node_agent.state import (Snapshot, StateError, read_snapshot, state_path,
-                                        write_settings)
+from anchorage.node_agent.sidecar_config import ConfigFollower, SidecarConfig
+from anchorage.node_agent.snapshot import (Anchor, Snapshot, StateError, read_snapshot,
+                                           state_path, write_settings)
 
 log = logging.getLogger("anchorage.node_agent.sidecar")
 
 # skip reasons that mean "a warm-up was wanted and not sent" (the others are not wanted)
 COUNTED_SKIPS = ("engine_busy", "unpredictable", "rate_limited", "tick_limit", "disabled")
-
-
-@dataclass(frozen=True)
-class SidecarConfig:
-    engine_url: str = "http://127.0.0.1:8000"
-    kv_events: str | None = None
-    kv_topic: str = "kv"
-    state_dir: str = "/run/anchorage"
-    host: str = "127.0.0.1"
-    port: int = 9400
-    model_name: str | None = None       # None: asked from the engine's /v1/models
-    config_path: str | None = None      # ANCHORAGE_CONFIG
-    policy_env: str | None = None       # ANCHORAGE_POLICY (policy_info before a snapshot)
-    tick_s: float = 0.5
-    snapshot_max_age_s: float = 5.0
-    snapshot_grace_s: float = 60.0      # no snapshot this long after the engine is up: stock
-    request_timeout_s: float = 60.0
-    horizon_s: float = 600.0
-    warmup: WarmupConfig = field(default_factory=WarmupConfig)
-    reload: ReloadConfig = field(default_factory=ReloadConfig)  # temporal tiering's warm-ups
-    access_log: AccessLogConfig = field(default_factory=lambda: AccessLogConfig(sample_rate=0.05))
-
-    def __post_init__(self) -> None:
-        if self.tick_s <= 0 or self.snapshot_max_age_s <= 0:
-            raise ValueError("tick_s and snapshot_max_age_s must be positive")
-        if not 0 <= self.port < 65536:
-            raise ValueError(f"port {self.port} is out of range")
-        if not self.engine_url.startswith(("http://", "https://")):
-            raise ValueError(f"engine URL must be http(s)://..., got {self.engine_url!r}")
-        if self.kv_events is not None and not self.kv_events.startswith(("ipc://", "tcp://")):
-            raise ValueError(f"KV events endpoint must be ipc://... or tcp://..., "
-                             f"got {self.kv_events!r}")
-
-
-@dataclass
-class Pending:
-    agent: str
-    key: int
-    done_s: float
-
-
-class WarmupLedger:
-    """Outcome of each warm-up (pure: snapshot and cache state in, counts out)."""
-
-    def __init__(self, horizon_s: float = 600.0, max_pending: int = 1024):
-        self.pending: dict[str, Pending] = {}
-        self.horizon_s = horizon_s
-        self.max_pending = max_pending
-        self.used = self.wasted = 0
-
-    def add(self, agent: str, key: int, done_s: float) -> None:
-        old = self.pending.pop(agent, None)
-        if old is not None:
-            self.wasted += 1  # superseded before any use
-        self.pending[agent] = Pending(agent, key, done_s)
-        while len(self.pending) > self.max_pending:
-            self.pending.pop(next(iter(self.pending)))
-            self.wasted += 1
-
-    def resolve(self, snap: Snapshot | None, tracker: CacheTracker, now_s: float) -> None:
-        for agent, p in list(self.pending.items()):
-            entry = snap.anchors.get(agent) if snap is not None else None
-            seen = float(entry["last_seen_s"]) if entry else -math.inf
-            gone = tracker.removed_since(p.key, p.done_s)
-            if seen > p.done_s and (gone is None or seen <= gone):
-                self.used += 1
-            elif gone is not None and snap is not None and snap.written_s >= gone:
-                self.wasted += 1  # the plugin has reported every request up to the eviction
-            elif now_s - p.done_s > self.horizon_s:
-                self.wasted += 1
-            else:
-                continue
-            del self.pending[agent]
-
-
-ENGINE_LOAD = ("vllm:num_requests_running", "vllm:num_requests_waiting")
-
-
-def parse_engine_load(text: str) -> tuple[int, int]:
-    """(running, waiting) from vLLM's Prometheus text (summed over label sets)."""
-    got = sums(text, ENGINE_LOAD)
-    return int(got.get(ENGINE_LOAD[0], 0.0)), int(got.get(ENGINE_LOAD[1], 0.0))
-
-
-def read_config_file(path: str) -> tuple[int, dict[str, Any]]:
-    """(generation, warm-up overrides) of the operator's document (``anchorage.config``):
-    ``policy.parameters`` ``rMin``, ``prefetch.enabled`` and ``prefetch.ratePerSecond`` as
-    ``WarmupConfig`` fields (``r_min``, ``enabled``, ``rate_per_s``); the ones the document
-    omits are not overridden. Raises ``ConfigError`` (a ValueError)."""
-    doc = document.read(path)
-    return doc.generation, doc.policy.parameters.warmup_overrides()
 
 
 class Sidecar:
@@ -158,7 +68,8 @@ class Sidecar:
                            if config.kv_events else None)
         self.scheduler = WarmupScheduler(config.warmup)
         self.ledger = WarmupLedger(config.horizon_s)
-        self.access_log = AccessLogSampler(dataclasses.replace(config.access_log, sample_rate=1.0))
+        self.access_log = AccessLogFeed(config.access_log)
+        self.config = ConfigFollower(config.config_path, config.warmup)
         self.model_name = config.model_name
         self.snapshot: Snapshot | None = None
         self.snapshot_error: str | None = None
@@ -168,18 +79,16 @@ class Sidecar:
         self.warmups = {"issued": 0, "skipped": 0, "failed": 0}
         self.reloads = ReloadScheduler(config.reload)
         self.reload_warmups = {"issued": 0, "failed": 0}
-        self.config_generation = 0
-        self._config_mtime: tuple[int, int, int] | None = None
-        self._last_req_seq = 0
-        self._last_req_pid: int | None = None
         self._skip_counted: dict[str, float] = {}
         self._inflight: set[asyncio.Task] = set()
         self._stop = asyncio.Event()
         self._server: HTTPServer | None = None
-        self._client = None
+        self._log_server: HTTPServer | None = None
+        self._client: EngineClient | None = None
         self.registry = make_registry(self.metrics_view)
         self.ticks = 0
         self.port = config.port
+        self.access_log_port = config.access_log_port
 
     # -- state for metrics ----------------------------------------------------------------
 
@@ -193,28 +102,42 @@ class Sidecar:
         with self._lock():
             reused = self.tracker.reused_after_eviction
             removed = self.tracker.removed_blocks
-        ev = dict(s.counters.get("evictions", {})) if s is not None else {}
+        ev = dict(s.counters.evictions) if s is not None else {}
         if not ev and removed:
             ev = {"lru": removed}  # stock engine: every eviction is LRU
         return MetricsView(
             model_name=self.model_name or "", policy=policy, mode=mode,
             config_generation=self._generation_in_force(s),
-            evictions={k: int(v) for k, v in ev.items()}, evictions_reused=reused,
+            config_rejected=self._config_rejected(s),
+            evictions=ev, evictions_reused=reused,
             protected_blocks=s.protected_blocks if s else {"anchor": 0, "session": 0},
-            predictions=dict(s.counters.get("predictions", {})) if s else {},
+            predictions=dict(s.counters.predictions) if s else {},
             predictability=s.predictability if s else 0.0,
             warmups={**self.warmups, "used": self.ledger.used, "wasted": self.ledger.wasted},
-            policy_errors=int(s.counters.get("policy_errors", 0)) if s else 0,
+            policy_errors=s.counters.policy_errors if s else 0,
             decision_seconds=s.decision_seconds if s else None,
             access_log_records=self.access_log.kept,
             tiering=s.tiering if s else None)
 
-    def _generation_in_force(self, s) -> int:
-        """The engine's generation when its plugin runs a policy (it may have rejected a
-        newer file), else the generation this sidecar read."""
-        if s is not None and s.mode == "active" and self.fresh():
-            return int(s.config_generation)
-        return int(self.config_generation or (s.config_generation if s else 0))
+    @property
+    def config_generation(self) -> int:
+        """The generation of the document whose warm-up settings are in force."""
+        return self.config.generation
+
+    def _plugin_reports(self, s: Snapshot | None, now_s: float | None = None) -> bool:
+        """A fresh snapshot of a plugin that runs a policy: the engine's word counts."""
+        return s is not None and s.mode == "active" and self.fresh(now_s)
+
+    def _generation_in_force(self, s: Snapshot | None) -> int:
+        """The engine's generation when its plugin runs a policy, else this sidecar's."""
+        return s.config_generation if self._plugin_reports(s) else self.config.generation
+
+    def _config_rejected(self, s: Snapshot | None) -> int:
+        """Versions of ``ANCHORAGE_CONFIG`` refused: the engine's count when its plugin runs
+        a policy and reports one, else this sidecar's own."""
+        if s is not None and s.mode == "active" and s.counters.config_rejected is not None:
+            return s.counters.config_rejected
+        return self.config.rejected
 
     def _lock(self):
         return self.subscriber.lock if self.subscriber is not None else contextlib.nullcontext()
@@ -231,29 +154,54 @@ class Sidecar:
         if not self.engine_ok:
             return False, "engine not answering"
         now = time.time() if now_s is None else now_s
-        policy = (self.cfg.policy_env or "").strip().lower()
-        if policy not in ("", "off", "none", "stock") and not self.fresh(now):
-            if (self.snapshot is None and self._engine_up_s is not None
-                    and now - self._engine_up_s >= self.cfg.snapshot_grace_s):
+        if self.cfg.policy_configured() and not self.fresh(now):
+            if self._never_wrote(now):
                 return True, "ok (no plugin snapshot: the engine runs stock)"
             return False, f"no fresh plugin snapshot at {self.state_file}" + (
                 f" ({self.snapshot_error})" if self.snapshot_error else "")
         return True, "ok"
 
+    def _never_wrote(self, now_s: float) -> bool:
+        """The plugin wrote no snapshot within ``snapshot_grace_s`` of the engine being up:
+        it left vLLM stock."""
+        return (self.snapshot is None and self._engine_up_s is not None
+                and now_s - self._engine_up_s >= self.cfg.snapshot_grace_s)
+
     # -- one tick -------------------------------------------------------------------------
 
-    async def _engine(self) -> None:
+    async def tick(self) -> None:
+        self.ticks += 1
+        self.config.poll()
+        await self._scrape_engine()
+        self._read_snapshot()
+        now = time.time()
+        s = self.snapshot
+        self._follow_config(s, now)
+        with self._lock():
+            self.ledger.resolve(s, self.tracker, now)
+        if s is None or not self.fresh(now) or not self.engine_ok or self.model_name is None:
+            return
+        self._send_reloads(s, now)
+        self._send_warmups(s, now)
+
+    def _follow_config(self, s: Snapshot | None, now: float) -> None:
+        """One source of truth for the generation in force: the engine's."""
+        if self._plugin_reports(s, now):
+            wc = self.config.follow(s.config_generation)
+        elif self.cfg.policy_configured() and not self._never_wrote(now) and not (
+                s is not None and s.mode == "stock" and self.fresh(now)):
+            return  # a plugin is expected: wait for its word
+        else:
+            wc = self.config.follow(None)  # no plugin reads the file: the latest document
+        if wc is not None and wc != self.scheduler.config:
+            self.scheduler.reconfigure(wc)
+
+    async def _scrape_engine(self) -> None:
         c = self._client
         try:
-            r = await c.get(self.cfg.engine_url + "/metrics", timeout=5.0)
-            r.raise_for_status()
-            self.running, self.waiting = parse_engine_load(r.text)
+            self.running, self.waiting = await c.load()
             if self.model_name is None:
-                m = await c.get(self.cfg.engine_url + "/v1/models", timeout=5.0)
-                m.raise_for_status()
-                data = m.json().get("data") or []
-                if data:
-                    self.model_name = str(data[0]["id"])
+                self.model_name = await c.model()
             if not self.engine_ok:
                 self._engine_up_s = time.time()
             self.engine_ok = True
@@ -273,79 +221,31 @@ class Sidecar:
         if s is None:
             return
         self.snapshot = s
-        if s.pid != self._last_req_pid:  # engine restarted: sequence numbers restart
-            self._last_req_pid, self._last_req_seq = s.pid, 0
-        for r in s.requests:
-            seq = int(r.get("seq", 0))
-            if seq <= self._last_req_seq:
-                continue
-            self._last_req_seq = seq
-            hids = [int(h) for h in r.get("hash_ids") or []]
-            self.access_log.offer(float(r.get("t", 0.0)), hids,
-                                  input_length=int(r.get("input_length", 0)),
-                                  output_length=int(r.get("output_length") or 0),
-                                  session_id=r.get("session_id"), tenant=r.get("tenant"),
-                                  tool_name=r.get("tool_name"), tool_args=r.get("tool_args"),
-                                  agent=r.get("agent"))
+        self.access_log.take(s)
 
-    def _reload_config(self) -> None:
-        path = self.cfg.config_path
-        if not path:
-            return
-        try:
-            st = os.stat(path)
-        except OSError:
-            return
-        version = (st.st_mtime_ns, st.st_size, st.st_ino)  # a ConfigMap update swaps a link
-        if version == self._config_mtime:
-            return
-        self._config_mtime = version
-        try:
-            gen, over = read_config_file(path)
-            wc = dataclasses.replace(self.cfg.warmup, **over)
-        except (OSError, ValueError, TypeError) as exc:
-            log.warning("config %s not applied: %s", path, exc)
-            return
-        self.config_generation = gen
-        if wc != self.scheduler.config:
-            self.scheduler.reconfigure(wc)
-        log.info("config %s generation %d in force (warm-ups %s, %g/s, R_min %g)", path, gen,
-                 "on" if wc.enabled else "off", wc.rate_per_s, wc.r_min)
+    def _spawn(self, coro) -> None:
+        t = asyncio.create_task(coro)
+        self._inflight.add(t)
+        t.add_done_callback(self._inflight.discard)
 
-    def _anchor_of(self, s: Snapshot, agent: str) -> tuple[list[int], int | None, str | None]:
-        a = s.anchors.get(agent)
-        if a is None:
-            return [], None, None
-        toks = a["token_ids"]
-        return toks, anchor_key(toks, s.block_size), a.get("hint")
-
-    async def tick(self) -> None:
-        self.ticks += 1
-        self._reload_config()
-        await self._engine()
-        self._read_snapshot()
-        now = time.time()
-        s = self.snapshot
-        with self._lock():
-            self.ledger.resolve(s, self.tracker, now)
-        if s is None or not self.fresh(now) or not self.engine_ok or self.model_name is None:
-            return
+    def _send_reloads(self, s: Snapshot, now: float) -> None:
         for r in self.due_reloads(s, now):
-            t = asyncio.create_task(self._reload(r))
-            self._inflight.add(t)
-            t.add_done_callback(self._inflight.discard)
+            self._spawn(self._reload(r))
+
+    def _send_warmups(self, s: Snapshot, now: float) -> None:
         known, cached = [], []
         with self._lock():
-            for agent in s.anchors:
-                _, key, _ = self._anchor_of(s, agent)
+            for a in s.anchors:
+                key = self._anchor_key(s, a)
                 if key is None:
                     continue
-                known.append(agent)
-                if self.tracker.is_cached(key) or agent in self.ledger.pending:
-                    cached.append(agent)
+                known.append(a.agent)
+                if self.tracker.is_cached(key) or a.agent in self.ledger.pending:
+                    cached.append(a.agent)
         d = self.scheduler.decide(now, running=self.running, waiting=self.waiting,
-                                  r=s.predictability, predictions=s.predictions, known=known,
-                                  cached=cached)
+                                  r=s.predictability,
+                                  predictions=[(p.agent, p.probability) for p in s.predictions],
+                                  known=known, cached=cached)
         cd = self.scheduler.config.cooldown_s
         for agent, reason in d.skipped.items():
             if reason in COUNTED_SKIPS and now - self._skip_counted.get(agent, -math.inf) >= cd:
@@ -354,15 +254,17 @@ class Sidecar:
         if len(self._skip_counted) > 4096:
             self._skip_counted.clear()
         for agent in d.warm:
-            toks, key, hint = self._anchor_of(s, agent)
-            t = asyncio.create_task(self._warm(agent, toks, key, hint))
-            self._inflight.add(t)
-            t.add_done_callback(self._inflight.discard)
+            a = s.anchor_by_agent[agent]
+            self._spawn(self._warm(a, self._anchor_key(s, a)))
+
+    @staticmethod
+    def _anchor_key(s: Snapshot, a: Anchor) -> int | None:
+        return anchor_key(a.token_ids, s.block_size, a.cache_salt)
 
     def due_reloads(self, s: Snapshot, now_s: float) -> list[dict[str, Any]]:
         """The temporal controller's pending reloads (``tiering.pending_reloads``) whose
         time has come, rate-limited (``anchorage.warmup.ReloadScheduler``)."""
-        pending = (s.tiering or {}).get("pending_reloads") or []
+        pending = [r.to_json() for r in (s.tiering.pending_reloads or ())] if s.tiering else []
         return self.reloads.due(now_s, pending) if pending else []
 
     async def _send_warmup(self, body: dict[str, Any], counts: dict[str, int],
@@ -371,9 +273,7 @@ class Sidecar:
         a failure is logged, never raised."""
         counts["issued"] += 1
         try:
-            resp = await self._client.post(self.cfg.engine_url + "/v1/completions", json=body,
-                                           timeout=self.cfg.request_timeout_s)
-            resp.raise_for_status()
+            await self._client.complete(body)
         except Exception as exc:  # noqa: BLE001
             counts["failed"] += 1
             log.warning("%s failed: %s", what, exc)
@@ -386,30 +286,23 @@ class Sidecar:
             log.debug("reloaded session %s (%d tokens)", r.get("session"),
                       len(r["token_ids"]))
 
-    async def _warm(self, agent: str, token_ids: list[int], key: int, hint: str | None) -> None:
-        body = {"model": self.model_name, "prompt": token_ids, "max_tokens": 1,
-                "vllm_xargs": {"anchorage.warmup": 1, "anchorage.agent": hint or agent}}
-        if not await self._send_warmup(body, self.warmups, f"warm-up for {agent}"):
+    async def _warm(self, a: Anchor, key: int) -> None:
+        body = anchor_body(self.model_name, a.token_ids, a.hint or a.agent, a.cache_salt,
+                           a.tenant)
+        if not await self._send_warmup(body, self.warmups, f"warm-up for {a.agent}"):
             return
-        self.ledger.add(agent, key, time.time())
-        log.debug("warmed %s (%d tokens)", agent, len(token_ids))
+        self.ledger.add(a.agent, key, time.time())
+        log.debug("warmed %s (%d tokens)", a.agent, len(a.token_ids))
 
     # -- HTTP (node_agent.endpoints) ------------------------------------------------------
 
     def access_log_text(self, drain: bool) -> str:
-        """The access log as anchorage-trace/v1 JSONL (header line, then records); ``drain``
-        empties the buffer."""
-        recs = self.access_log.drain() if drain else self.access_log.snapshot()
-        bs = self.snapshot.block_size if self.snapshot and self.snapshot.block_size else (
-            self.access_log.config.block_size)
-        return dumps_trace(recs, TraceHeader(block_size=bs,
-                                             source="anchorage node-agent access log"))
+        """The access log as anchorage-trace/v1 JSONL; ``drain`` empties the buffer."""
+        return self.access_log.text(drain, self.snapshot.block_size if self.snapshot else None)
 
     # -- life cycle -----------------------------------------------------------------------
 
     async def start(self) -> None:
-        import httpx
-
         if self.subscriber is not None:
             self.subscriber.start()
         try:
@@ -419,11 +312,23 @@ class Sidecar:
             log.warning("cannot write settings to %s: %s", self.cfg.state_dir, exc)
         self._server = HTTPServer(build_app(self), self.cfg.host, self.cfg.port)
         self.port = self._server.port
-        self._client = httpx.AsyncClient()
+        if self.cfg.access_log_port is not None:
+            try:
+                self._log_server = HTTPServer(
+                    build_access_log_app(self, self.cfg.access_log_token), self.cfg.host,
+                    self.cfg.access_log_port)
+            except OSError:
+                self._server.close()
+                raise
+            self.access_log_port = self._log_server.port
+        self._client = EngineClient(self.cfg.engine_url, self.cfg.request_timeout_s)
         await self._server.start()
-        log.info("node agent on http://%s:%d (engine %s, KV events %s, state %s)",
-                 self.cfg.host, self.port, self.cfg.engine_url, self.cfg.kv_events,
-                 self.state_file)
+        if self._log_server is not None:
+            await self._log_server.start()
+        log.info("node agent on http://%s:%d (engine %s, KV events %s, state %s, access log "
+                 "%s)", self.cfg.host, self.port, self.cfg.engine_url, self.cfg.kv_events,
+                 self.state_file, f"on port {self.access_log_port}"
+                 if self._log_server is not None else "not served")
 
     async def run_loop(self) -> None:
         while not self._stop.is_set():
@@ -443,8 +348,9 @@ class Sidecar:
         self._stop.set()
         if self._inflight:
             await asyncio.wait(list(self._inflight), timeout=5)
-        if self._server is not None:
-            await self._server.stop()
+        for server in (self._server, self._log_server):
+            if server is not None:
+                await server.stop()
         if self._client is not None:
             await self._client.aclose()
         if self.subscriber is not None:

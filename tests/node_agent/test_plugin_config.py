@@ -224,6 +224,7 @@ def test_config_change_is_applied_in_the_engine_while_serving(cfg_engine, caplog
     # start: the file's policy (lru) wins over ANCHORAGE_POLICY (hybrid), generation 1
     assert drv.policy.name == "lru" and reloader.generation() == 1
     assert drv.exporter.snapshot()["config_generation"] == 1
+    assert drv.exporter.snapshot()["counters"]["config_rejected"] == 0
     errors0 = vllm_block_pool.STATS.errors
     assert len(serve(llm, SP, TP, 6, seed=1)) == 6
 
@@ -261,6 +262,14 @@ def test_config_change_is_applied_in_the_engine_while_serving(cfg_engine, caplog
     assert "not valid YAML" in msgs[0] and "horizon_s" in msgs[1]
     assert vllm_block_pool.driver(pool) is new and reloader.generation() == 2
     assert new.exporter.snapshot()["config_generation"] == 2
+    assert new.exporter.snapshot()["counters"]["config_rejected"] == 2
+    # an empty file and a truncated one are refused like any invalid document, counted
+    for n, text in ((3, ""), (4, "generation: 9\npolicy:\n  name: hybrid\n  parame")):
+        write_config(path, text)
+        assert len(serve(llm, SP, TP, 2, seed=10 + n)) == 2
+        snap = new.exporter.snapshot()
+        assert (snap["config_generation"], snap["counters"]["config_rejected"]) == (2, n)
+    assert vllm_block_pool.driver(pool) is new and new.policy.survival_threshold == 0.25
 
     # the same policy and parameters under a new generation: no rebuild
     write_config(path, "generation: 5\npolicy:\n  name: hybrid\n  parameters: "

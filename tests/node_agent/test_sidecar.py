@@ -13,9 +13,11 @@ import pytest
 from anchorage.access_log import AccessLogConfig
 from anchorage.policies.base import EvictionPolicy, RequestContext
 from anchorage.warmup import WarmupConfig
-from anchorage.node_agent.sidecar import (Sidecar, SidecarConfig, parse_engine_load,
-                                          read_config_file)
-from anchorage.node_agent.state import NodeState, PolicyStateExporter
+from anchorage.node_agent.engine_client import parse_engine_load
+from anchorage.node_agent.sidecar import Sidecar
+from anchorage.node_agent.sidecar_config import SidecarConfig, read_config_file
+from anchorage.node_agent.exporter import PolicyStateExporter
+from anchorage.node_agent.recorder import NodeState
 from tests.node_agent.fake_engine import FakeEngine, removed, stored
 
 BS = 4
@@ -129,7 +131,7 @@ def test_warmups_issued_used_wasted_and_metrics(env):
             # skips every predicted agent, and a tick still reading b's prediction would
             # count b too. c's anchor is unknown until then, so it is not warmed meanwhile.
             stub.view["predictions"] = [{"agent": "fp:c", "probability": 0.8}]
-            await until(lambda: [a for a, _ in sc.snapshot.predictions] == ["fp:c"],
+            await until(lambda: [p.agent for p in sc.snapshot.predictions] == ["fp:c"],
                         "c predicted")
             eng.running = 5
             stub.anchor("fp:c", [7] * 8)
@@ -199,11 +201,12 @@ def test_access_log_config_reload_and_graceful_stop(env, monkeypatch):
                    " horizon: 60}}\n...\n")
 
     async def main():
-        sc = make(tmp, eng, config_path=str(cfg))
+        sc = make(tmp, eng, config_path=str(cfg), access_log_port=0, access_log_token=TOKEN)
         await sc.start()                       # writes the sample rate for the plugin
         exp.start()
         serve = asyncio.create_task(sc.run_loop())
         base = f"http://127.0.0.1:{sc.port}"
+        logs = f"http://127.0.0.1:{sc.access_log_port}"
         await until(lambda: sc.access_log.kept == 6, "6 access-log records")
         assert sc.config_generation == 3 and sc.scheduler.config.enabled is False
         async with httpx.AsyncClient() as c:
@@ -213,29 +216,32 @@ def test_access_log_config_reload_and_graceful_stop(env, monkeypatch):
         # the operator's tuner fetches it over HTTP and reads it as a v1 trace
         from anchorage.operator.access_logs import load_access_logs
 
-        recs = await asyncio.to_thread(load_access_logs, [base + "/access-log"], max_requests=100)
+        recs = await asyncio.to_thread(load_access_logs, [logs + "/access-log"],
+                                       max_requests=100, token=TOKEN)
         assert len(recs) == 6
         assert {r.session_id for r in recs} == {"s0", "s1"}
         assert all(len(r.hash_ids) == 3 and r.tool_name == "grep" and r.agent == "coder"
                    for r in recs)
         assert [r.timestamp for r in recs] == [0.0, 1000.0, 2000.0, 3000.0, 4000.0, 5000.0]
-        # a changed config is re-read
+        # a changed config is re-read, and put in force when the engine runs it
         cfg.write_text("generation: 4\npolicy: {name: hybrid, parameters: {rMin: 0.5}}\n...\n")
-        await until(lambda: sc.config_generation == 4, "config generation 4")
-        assert sc.scheduler.config.enabled is True and sc.scheduler.config.r_min == 0.5
-        # the metric reports what the engine runs: 3 until its plugin applies 4
+        await until(lambda: 4 in sc.config._read, "config generation 4 read")
+        await asyncio.sleep(0.3)
+        assert sc.config_generation == 3 and sc.scheduler.config.enabled is False
         async with httpx.AsyncClient() as c:
             assert metric((await c.get(base + "/metrics")).text, "anchorage_config_generation") == 3
             in_force["generation"] = 4
-            await asyncio.sleep(0.3)  # the exporter rewrites state.json every 0.05 s
-            await until(lambda: sc.snapshot is not None and sc.snapshot.config_generation == 4,
-                        "engine generation 4 read")
+            await until(lambda: sc.config_generation == 4, "engine generation 4 in force")
+            assert sc.scheduler.config.enabled is True and sc.scheduler.config.r_min == 0.5
             assert metric((await c.get(base + "/metrics")).text, "anchorage_config_generation") == 4
-        # drain empties the buffer
+        # only the operator's token drains it, only with POST
+        auth = {"authorization": f"Bearer {TOKEN}"}
         async with httpx.AsyncClient() as c:
-            r = await c.get(base + "/v1/access-log?drain=1")
-            assert r.text.count("\n") == 7   # header + 6 records
-            r = await c.get(base + "/v1/access-log")
+            r = await c.get(logs + "/v1/access-log?drain=1", headers=auth)
+            assert r.status_code == 400 and sc.access_log.kept == 6
+            r = await c.post(logs + "/v1/access-log/drain", headers=auth)
+            assert r.status_code == 200 and r.text.count("\n") == 7   # header + 6 records
+            r = await c.get(logs + "/v1/access-log", headers=auth)
             assert r.text.count("\n") == 1
         sc.request_stop()
         await serve
@@ -243,6 +249,136 @@ def test_access_log_config_reload_and_graceful_stop(env, monkeypatch):
         exp.stop()
 
     asyncio.run(main())
+
+
+TOKEN = "operator-token-3e9a"
+
+
+def test_another_client_reads_no_tenants_access_log_and_cannot_drain_it(env):
+    """Issue 21 item 1, from another client's point of view over real HTTP: the access log
+    (every sampled tenant's session ids, tool names and arguments) is not on the port
+    Prometheus scrapes; on its own port every request without the operator's token is
+    refused and shows nothing; no GET empties it; the token appears in no log line."""
+    eng, tmp = env
+    state = NodeState(block_size=BS)
+    ctx = RequestContext(request_id="r", keys=[b"a", b"b"], input_length=2 * BS + 1,
+                         session_id="tenant-a-session", tool_name="read_file",
+                         tool_args={"path": "/home/a/secret.txt"}, tenant="t-a")
+    state.observe(EvictionPolicy(), ctx, None, now_s=10.0)
+    exp = PolicyStateExporter(lambda: {"policy": "lru"}, tmp / "state.json", interval_s=0.05,
+                              node_state=state)
+
+    async def main():
+        sc = make(tmp, eng, access_log_port=0, access_log_token=TOKEN)
+        await sc.start()
+        exp.start()
+        serve = asyncio.create_task(sc.run_loop())
+        base, logs = f"http://127.0.0.1:{sc.port}", f"http://127.0.0.1:{sc.access_log_port}"
+        try:
+            await until(lambda: sc.access_log.kept == 1, "the tenant's record")
+            async with httpx.AsyncClient() as c:
+                for url in (base + "/v1/access-log", base + "/access-log?drain=1"):
+                    r = await c.get(url)
+                    assert r.status_code == 404 and "secret.txt" not in r.text
+                for headers, code in (({}, 401), ({"authorization": "Bearer"}, 401),
+                                      ({"authorization": "Basic b3A6b3A="}, 401),
+                                      ({"authorization": "Bearer " + TOKEN[:-1]}, 403),
+                                      ({"authorization": "Bearer " + TOKEN + "x"}, 403)):
+                    for r in (await c.get(logs + "/v1/access-log", headers=headers),
+                              await c.get(logs + "/access-log?drain=1", headers=headers),
+                              await c.post(logs + "/v1/access-log/drain", headers=headers)):
+                        assert r.status_code == code, (headers, r.status_code)
+                        assert "tenant-a-session" not in r.text and "secret.txt" not in r.text
+                assert sc.access_log.kept == 1   # nothing was drained
+                r = await c.delete(logs + "/v1/access-log",
+                                   headers={"authorization": "Bearer " + TOKEN})
+                assert r.status_code == 405 and sc.access_log.kept == 1
+                r = await c.get(logs + "/v1/access-log",
+                                headers={"authorization": "Bearer " + TOKEN})
+                assert r.status_code == 200 and "secret.txt" in r.text
+        finally:
+            sc.request_stop()
+            await serve
+            await sc.stop()
+            exp.stop()
+
+    asyncio.run(main())
+    with pytest.raises(ValueError, match="ANCHORAGE_ACCESS_LOG_TOKEN"):
+        SidecarConfig(access_log_port=9401)
+    assert TOKEN not in repr(SidecarConfig(access_log_port=9401, access_log_token=TOKEN))
+
+
+def test_the_engines_generation_is_in_force_and_rejected_configs_are_counted(env):
+    """One source of truth: a document the engine refuses (here: parameters its policy
+    rejects; the parser takes them) never reaches the sidecar's warm-up knobs, and
+    ``anchorage_config_rejected_total`` counts what the engine refused, empty and
+    truncated files included. With no plugin, the sidecar's own reading counts."""
+    eng, tmp = env
+    engine = {"generation": 1, "rejected": 0}   # what the plugin reports in its snapshot
+    exp = PolicyStateExporter(lambda: {"policy": "hybrid"}, tmp / "state.json",
+                              interval_s=0.05, config_generation=lambda: engine["generation"],
+                              config_rejected=lambda: engine["rejected"])
+    cfg = tmp / "anchorage.yaml"
+    cfg.write_text("generation: 1\npolicy: {name: hybrid, parameters: {rMin: 0.5}}\n...\n")
+
+    async def main():
+        sc = make(tmp, eng, config_path=str(cfg))
+        await sc.start()
+        exp.start()
+        serve = asyncio.create_task(sc.run_loop())
+        base = f"http://127.0.0.1:{sc.port}"
+
+        async def scrape(name):
+            async with httpx.AsyncClient() as c:
+                return metric((await c.get(base + "/metrics")).text, name)
+        try:
+            await until(lambda: sc.config_generation == 1, "generation 1 in force")
+            assert sc.scheduler.config.r_min == 0.5
+            assert await scrape("anchorage_config_rejected_total") == 0
+            # generation 2 parses, but the engine's policy refuses it
+            cfg.write_text("generation: 2\npolicy: {name: lru, parameters: {rMin: 0.9}}\n...\n")
+            engine["rejected"] = 1
+            await until(lambda: 2 in sc.config._read, "generation 2 read")
+            await until(lambda: sc.snapshot.counters.config_rejected == 1, "engine's count")
+            await asyncio.sleep(0.2)
+            assert sc.config_generation == 1 and sc.scheduler.config.r_min == 0.5
+            assert await scrape("anchorage_config_generation") == 1
+            assert await scrape("anchorage_config_rejected_total") == 1
+            # an empty and a truncated file: refused by both (the engine's count is shown)
+            for n, text in ((2, ""), (3, "generation: 5\npolicy: {name: hybrid}\n")):
+                cfg.write_text(text)
+                engine["rejected"] = n
+                await until(lambda: sc.snapshot.counters.config_rejected == n, f"count {n}")
+                assert await scrape("anchorage_config_rejected_total") == n
+            assert sc.config.rejected == 2 and sc.scheduler.config.r_min == 0.5
+            # a document the engine applies: its knobs follow
+            cfg.write_text("generation: 6\npolicy: {name: hybrid, parameters: {rMin: 0.2}}\n...\n")
+            await until(lambda: 6 in sc.config._read, "generation 6 read")
+            assert sc.config_generation == 1
+            engine["generation"] = 6
+            await until(lambda: sc.config_generation == 6, "generation 6 in force")
+            assert sc.scheduler.config.r_min == 0.2
+            assert await scrape("anchorage_config_generation") == 6
+        finally:
+            sc.request_stop()
+            await serve
+            await sc.stop()
+            exp.stop()
+
+    asyncio.run(main())
+    # no plugin (ANCHORAGE_POLICY off): the sidecar is the only reader of the file
+    cfg.write_text("generation: 7\npolicy: {name: hybrid, parameters: {rMin: 0.4}}\n...\n")
+
+    async def alone():
+        sc = Sidecar(SidecarConfig(engine_url=eng.url, state_dir=str(tmp / "none"), port=0,
+                                   policy_env="off", config_path=str(cfg)))
+        await sc.tick()
+        assert sc.config_generation == 7 and sc.scheduler.config.r_min == 0.4
+        cfg.write_text("generation: 8\npolicy: {name: hybrid, parameters: {rMin: 0.1}}\n")
+        await sc.tick()
+        assert sc.config_generation == 7 and sc.scheduler.config.r_min == 0.4
+        assert sc.metrics_view().config_rejected == 1
+    asyncio.run(alone())
 
 
 def test_pure_helpers(tmp_path):

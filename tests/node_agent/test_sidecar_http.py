@@ -39,7 +39,8 @@ def serve(tmp_path, body):
     """Run ``body(sidecar, base_url)`` against a started sidecar (no engine behind it)."""
     async def main():
         sc = Sidecar(SidecarConfig(engine_url="http://127.0.0.1:1", state_dir=str(tmp_path),
-                                   port=0, policy_env="hybrid"))
+                                   port=0, policy_env="hybrid", access_log_port=0,
+                                   access_log_token="tok"))
         await sc.start()
         try:
             await sc.tick()
@@ -62,10 +63,7 @@ def test_endpoints_status_codes_and_content_types(tmp_path):
             r = await c.get("/readyz")
             assert (r.status_code, r.text) == (503, "engine not answering\n")
             for path in ("/access-log", "/v1/access-log?drain=1"):
-                r = await c.get(path)
-                assert r.status_code == 200
-                assert r.headers["content-type"] == "application/x-ndjson"
-                assert r.text.startswith('{"format":"anchorage-trace/v1"') and r.text.count("\n") == 1
+                assert (await c.get(path)).status_code == 404   # on its own port
             for path in ("/nope", "/healthz/", "/metrics/x"):
                 r = await c.get(path)
                 assert (r.status_code, r.headers["content-type"], r.text) == (
@@ -82,6 +80,27 @@ def test_endpoints_status_codes_and_content_types(tmp_path):
                 r = await c.get("/healthz")
                 ports.add(r.extensions["network_stream"].get_extra_info("client_addr")[1])
             assert len(ports) == 1
+
+        logs = f"http://127.0.0.1:{sc.access_log_port}"
+        auth = {"authorization": "Bearer tok"}
+        async with httpx.AsyncClient(base_url=logs, headers=auth) as c:
+            for path in ("/access-log", "/v1/access-log"):
+                r = await c.get(path)
+                assert r.status_code == 200
+                assert r.headers["content-type"] == "application/x-ndjson"
+                assert r.text.startswith('{"format":"anchorage-trace/v1"') and r.text.count("\n") == 1
+                r = await c.post(path + "/drain")
+                assert r.status_code == 200 and r.text.count("\n") == 1
+                r = await c.get(path + "/drain")
+                assert (r.status_code, r.text) == (405, "only POST\n")
+                r = await c.post(path)
+                assert (r.status_code, r.text) == (405, "only GET\n")
+            r = await c.get("/v1/access-log?drain=1")
+            assert r.status_code == 400 and "POST /v1/access-log/drain" in r.text
+            for path in ("/metrics", "/healthz", "/nope"):
+                assert (await c.get(path)).status_code == 404
+            r = await c.get("/v1/access-log", headers={"authorization": ""})
+            assert r.status_code == 401 and r.headers["www-authenticate"].startswith("Bearer")
 
     serve(tmp_path, body)
 
