@@ -358,5 +358,5 @@ def test_rules_loaded_without_errors(prometheus):
     code, body = _get(prometheus.url + "/api/v1/rules")
     assert code == 200
     rules = [r for g in body["data"]["groups"] for r in g["rules"]]
-    assert len(rules) == 12
+    assert len(rules) == 13
     assert all(r["health"] == "ok" for r in rules), [(r["name"], r.get("lastError")) for r in rules]

@@ -25,7 +25,7 @@ def _promtool() -> str:
 def test_promtool_check_rules():
     r = subprocess.run([_promtool(), "check", "rules", str(RULES)], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "SUCCESS: 12 rules found" in r.stdout
+    assert "SUCCESS: 13 rules found" in r.stdout
 
 
 def test_promtool_unit_tests():
@@ -45,6 +45,7 @@ def test_every_alert_is_unit_tested():
     recorded = {e["expr"].split("{")[0] for t in tests for e in t.get("promql_expr_test", [])}
     assert alerts == fired, f"alerts never seen firing in rules_test.yaml: {alerts - fired}"
     assert {"AnchorageHitRateDrop", "AnchoragePolicyErrors", "AnchorageWarmupsWasted",
+            "AnchorageConfigRejected",
             "AnchorageOperatorNotReconciling"} <= silent
     assert records == recorded - {""}, f"recording rules without a test: {records - recorded}"
     for g in rules["groups"]:

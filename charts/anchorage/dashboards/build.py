@@ -254,6 +254,12 @@ def policy() -> gd.Dashboard:
         "Config generation", "Generation of the operator's ConfigMap each node agent runs.",
         [Q(f"max by (pod) (anchorage_config_generation{{{M}}})", "{{pod}}")], lo=0))
     d = d.with_panel(timeseries(
+        "Config versions refused", "Versions of the operator's config each engine refused "
+        "(invalid, empty or truncated, parameters the policy rejects): the previous "
+        "generation stays in force; alert AnchorageConfigRejected.",
+        [Q(f"sum by (pod) (increase(anchorage_config_rejected_total{{{M}}}[{RI}]))", "{{pod}}")],
+        lo=0))
+    d = d.with_panel(timeseries(
         "Access log sampling", "Records per second written to the sampled access log the "
         "operator's tuning replays.",
         [Q(f"sum by (pod) (rate(anchorage_access_log_records_total{{{M}}}[{RI}]))", "{{pod}}")], lo=0))
