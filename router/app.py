@@ -32,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from anchorage.router.config import RouterConfig
+from anchorage.router.config import RouterConfig, env_secrets
 from anchorage.router.core import NOT_FOUND, RouterCore
 from anchorage.router.parsing import ROUTED
 from anchorage.router.relay import RelayResponse, _RelayResponse  # noqa: F401 - re-export
@@ -131,7 +131,9 @@ def run(cfg: RouterConfig, host: str = "127.0.0.1", port: int = 8000, blocking: 
 def app_builder(args: dict[str, Any]):
     """Ray Serve application builder for KubeRay's ``RayService`` (``importPath:
     anchorage.router.app:app_builder``): ``args`` are ``RouterConfig`` fields, as the Helm
-    chart renders them under ``serveConfigV2``. Unknown fields are a clear error."""
+    chart renders them under ``serveConfigV2``; the secrets come from the environment
+    (``router.config.SECRET_ENV``, the chart's Secrets). Unknown fields are a clear error."""
+    import os
     from dataclasses import fields
 
     known = {f.name for f in fields(RouterConfig)}
@@ -139,4 +141,4 @@ def app_builder(args: dict[str, Any]):
     if unknown:
         raise ValueError(f"unknown router setting(s) {', '.join(unknown)}; "
                          f"known: {', '.join(sorted(known))}")
-    return build_app(RouterConfig(**(args or {})).validate())
+    return build_app(RouterConfig(**{**env_secrets(os.environ), **(args or {})}).validate())

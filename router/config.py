@@ -6,6 +6,16 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 INGRESS = ("haproxy", "serve")
+# Secrets come from the environment, never from flags or the Serve config (and never in
+# repr, logs or --print-config): field -> variable.
+SECRET_ENV = {"tenant_secret": "ANCHORAGE_TENANT_SECRET",
+              "upstream_api_key": "ANCHORAGE_UPSTREAM_API_KEY",
+              "trusted_token": "ANCHORAGE_INTERNAL_TOKEN"}
+
+
+def env_secrets(environ) -> dict[str, str]:
+    """The router's secrets that ``environ`` sets (``SECRET_ENV``)."""
+    return {f: environ[v] for f, v in SECRET_ENV.items() if environ.get(v)}
 
 
 @dataclass
@@ -18,9 +28,12 @@ class RouterConfig:
     block_size: int = 16                   # token-id prompts: tokens per block
     chars_per_block: int = 64              # text prompts without a tokenizer: characters per block
     tokenizer: str = ""                    # local model dir: key text and chat prompts by tokens
-    tenant_secret: str = ""                # keys the tenant id and cache_salt hashes
-    upstream_api_key: str = ""             # sent to replicas (vLLM --api-key); never the client's
-    trusted_token: str = ""                # x-anchorage-internal: callers that may mark warm-ups
+    # keys the tenant id and cache_salt hashes (HMAC): without it tenant ids are unkeyed
+    tenant_secret: str = field(default="", repr=False)
+    # sent to replicas (vLLM --api-key); never the client's
+    upstream_api_key: str = field(default="", repr=False)
+    # x-anchorage-internal: callers that may mark warm-ups
+    trusted_token: str = field(default="", repr=False)
     # limits (each breach is a 4xx with an OpenAI error object)
     max_body_bytes: int = 4 * 1024 * 1024
     max_prompt_chars: int = 2_000_000
@@ -92,6 +105,6 @@ class RouterConfig:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        for secret in ("tenant_secret", "upstream_api_key", "trusted_token"):
+        for secret in SECRET_ENV:
             d[secret] = "***" if d[secret] else ""
         return d

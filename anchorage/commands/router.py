@@ -55,7 +55,7 @@ def register(sub) -> None:
 
 def make_config(args):
     from anchorage.cli import CLIError
-    from anchorage.router.config import RouterConfig
+    from anchorage.router.config import RouterConfig, env_secrets
 
     try:
         params = json.loads(args.policy_params)
@@ -72,10 +72,7 @@ def make_config(args):
         k8s_port=args.k8s_port, k8s_kind=args.k8s_kind, kv_events_port=args.kv_events_port,
         config_file=args.config_file, config_dir=args.config_dir,
         num_replicas=args.num_replicas, ingress=args.ingress, tokenizer=args.tokenizer,
-        vocab_size=args.vocab_size,
-        trusted_token=os.environ.get("ANCHORAGE_INTERNAL_TOKEN", ""),
-        tenant_secret=os.environ.get("ANCHORAGE_TENANT_SECRET", ""),
-        upstream_api_key=os.environ.get("ANCHORAGE_UPSTREAM_API_KEY", ""))
+        vocab_size=args.vocab_size, **env_secrets(os.environ))
     try:
         return cfg.validate()
     except ValueError as exc:
