@@ -25,13 +25,20 @@ HERE = Path(__file__).resolve().parent
 CHART = HERE.parent / "charts" / "anchorage"
 HELM_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by")
 
+# Plain manifests carry no secret values: they reference Secrets you create once, in both
+# namespaces for the access-log token (docs/chart.md, "Plain manifests"):
+#   kubectl -n anchorage-system create secret generic anchorage-access-log --from-literal=token=$T
+#   kubectl -n llm create secret generic anchorage-access-log --from-literal=token=$T
+#   kubectl -n llm create secret generic anchorage-tenant --from-literal=secret=$(openssl rand -hex 32)
+SECRETS = {"tenant": {"existingSecret": "anchorage-tenant"},
+           "accessLog": {"existingSecret": "anchorage-access-log"}}
 OPERATOR_VALUES = {
-    "fullnameOverride": "anchorage",
+    "fullnameOverride": "anchorage", "secrets": SECRETS,
     "models": [], "router": {"enabled": False}, "dashboards": {"enabled": False},
     "monitoring": {"serviceMonitors": False, "prometheusRule": False},
 }
 STACK_VALUES = {
-    "fullnameOverride": "anchorage",
+    "fullnameOverride": "anchorage", "secrets": SECRETS,
     "operator": {"enabled": False}, "dashboards": {"enabled": False},
     "monitoring": {"serviceMonitors": False, "prometheusRule": False},
 }

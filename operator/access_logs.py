@@ -3,6 +3,11 @@
 Each entry of ``spec.tuning.accessLogs`` is a file path readable by the operator (e.g. a
 mounted volume) or an http(s) URL of a node agent's access-log endpoint. Records from all
 sources are merged by timestamp and the most recent ``max_requests`` kept.
+
+A node agent serves its access log only behind the operator's token (it holds every
+sampled tenant's sessions and tool arguments): each URL is fetched with ``Authorization:
+Bearer <token>``, the token from ``ANCHORAGE_ACCESS_LOG_TOKEN`` (the chart's Secret).
+Reading never empties a node agent's buffer (draining is a POST this module never sends).
 """
 
 from __future__ import annotations
@@ -28,13 +33,19 @@ def _read(path: str) -> list[TraceRecord]:
         raise AccessLogError(f"cannot read access log {path}: {e.strerror or e}") from None
 
 
-def load_access_logs(sources: list[str], *, max_requests: int,
-                     timeout_s: float = 30.0) -> list[TraceRecord]:
+ENV_TOKEN = "ANCHORAGE_ACCESS_LOG_TOKEN"
+
+
+def load_access_logs(sources: list[str], *, max_requests: int, timeout_s: float = 30.0,
+                     token: str | None = None) -> list[TraceRecord]:
+    """``token``: the node agents' access-log token (None: ``ANCHORAGE_ACCESS_LOG_TOKEN``)."""
+    token = (os.environ.get(ENV_TOKEN, "") if token is None else token).strip()
+    headers = {"authorization": f"Bearer {token}"} if token else {}
     records: list[TraceRecord] = []
     for src in sources:
         if src.startswith(("http://", "https://")):
             try:
-                resp = httpx.get(src, timeout=timeout_s)
+                resp = httpx.get(src, timeout=timeout_s, headers=headers)
                 resp.raise_for_status()
             except httpx.HTTPError as e:
                 raise AccessLogError(f"cannot fetch access log {src}: {e}") from None

@@ -3,8 +3,10 @@
     anchorage node-agent --engine-url http://127.0.0.1:8000 --kv-events ipc:///run/anchorage/kv.ipc \
         --state-dir /run/anchorage --listen 127.0.0.1:9400
 
-Reads ANCHORAGE_CONFIG (the operator's ConfigMap mount; re-read when it changes) and
-ANCHORAGE_POLICY (the engine's policy, for readiness and policy_info). See docs/node-agent.md.
+Reads ANCHORAGE_CONFIG (the operator's ConfigMap mount; re-read when it changes),
+ANCHORAGE_POLICY (the engine's policy, for readiness and policy_info) and, with
+--access-log-port, ANCHORAGE_ACCESS_LOG_TOKEN (the token the operator holds; the access log
+is served only behind it). See docs/node-agent.md.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ def register(sub) -> None:
     p.add_argument("--state-dir", default=os.environ.get("ANCHORAGE_STATE_DIR", "/run/anchorage"),
                    help="directory of the plugin's state.json (ANCHORAGE_STATE_DIR)")
     p.add_argument("--listen", default=None, metavar="HOST:PORT",
-                   help="metrics/health/access-log address (overrides --host/--port)")
+                   help="metrics/health address (overrides --host/--port)")
     p.add_argument("--host", default="127.0.0.1", help="listen address (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=9400)
     p.add_argument("--model-name", default=None,
@@ -41,6 +43,9 @@ def register(sub) -> None:
     p.add_argument("--max-waiting", type=int, default=0)
     p.add_argument("--access-log-sample-rate", type=float, default=0.05,
                    help="fraction of sessions kept in the access log (0 disables it)")
+    p.add_argument("--access-log-port", type=int, default=None,
+                   help="serve the access log on this port of the listen host, behind the "
+                        "operator's token (ANCHORAGE_ACCESS_LOG_TOKEN); default: not served")
     p.add_argument("--access-log-max-records", type=int, default=100_000)
     p.add_argument("--access-log-max-per-s", type=float, default=50.0)
     p.add_argument("--tick", type=float, default=0.5, metavar="SECONDS")
@@ -56,7 +61,7 @@ def make_config(args):
     from anchorage.access_log import AccessLogConfig
     from anchorage.cli import CLIError
     from anchorage.warmup import WarmupConfig
-    from anchorage.node_agent.sidecar import SidecarConfig
+    from anchorage.node_agent.sidecar_config import SidecarConfig
 
     host, port = args.host, args.port
     if args.listen:
@@ -76,6 +81,8 @@ def make_config(args):
         return SidecarConfig(
             engine_url=args.engine_url.rstrip("/"), kv_events=args.kv_events,
             kv_topic=args.kv_topic, state_dir=args.state_dir, host=host, port=port,
+            access_log_port=args.access_log_port,
+            access_log_token=os.environ.get("ANCHORAGE_ACCESS_LOG_TOKEN", "").strip(),
             model_name=args.model_name, config_path=os.environ.get("ANCHORAGE_CONFIG") or None,
             policy_env=os.environ.get("ANCHORAGE_POLICY") or None, tick_s=args.tick,
             snapshot_max_age_s=args.snapshot_max_age, snapshot_grace_s=args.snapshot_grace,

@@ -5,6 +5,7 @@ names the field."""
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pytest
@@ -58,7 +59,7 @@ def test_default_render_objects(default_objects):
     kinds = sorted({d["kind"] for d in default_objects})
     assert kinds == sorted(["AgentCachePolicy", "ClusterKopfPeering", "ClusterRole",
                             "ClusterRoleBinding", "ConfigMap", "Deployment", "NetworkPolicy",
-                            "PodDisruptionBudget", "Role", "RoleBinding", "Service",
+                            "PodDisruptionBudget", "Role", "RoleBinding", "Secret", "Service",
                             "ServiceAccount"])
     # Without the monitoring API, `auto` renders no monitors or rules.
     assert not by_kind(default_objects, "ServiceMonitor")
@@ -343,7 +344,7 @@ def test_model_pod_wiring(all_on_objects):
     assert "--kv-events=ipc:///run/anchorage/kv.ipc" in agent["args"]
     assert "--engine-url=http://127.0.0.1:8000" in agent["args"]
     assert "--no-warmup" in agent["args"]
-    assert {p["name"] for p in agent["ports"]} == {"agent"}
+    assert {p["name"] for p in agent["ports"]} == {"agent", "access-log"}
     # Fixed replicas when the policy does not autoscale; none (operator-owned) when it does.
     assert dep["spec"]["replicas"] == 2
     assert "replicas" not in one(all_on_objects, "Deployment", "-qwen-7b")["spec"]
@@ -392,6 +393,49 @@ def test_network_policies(default_objects):
     assert "namespaceSelector" in operator["spec"]["ingress"][0]["from"][0]
     assert not objects(render({"networkPolicy": {"enabled": False}})) or \
         not by_kind(objects(render({"networkPolicy": {"enabled": False}})), "NetworkPolicy")
+
+
+def _container(docs: list[dict], deployment_suffix: str, name: str) -> dict:
+    d = one(docs, "Deployment", deployment_suffix)
+    return next(c for c in d["spec"]["template"]["spec"]["containers"] if c["name"] == name)
+
+
+def test_tenant_secret_and_access_log_token(default_objects):
+    """Issue 21 items 1 and 3: the chart creates a random tenant secret for the router
+    (tenant ids and cache salts are keyed) and an access-log token that only the node
+    agents and the operator read, by secretKeyRef, never as a literal; the access log is
+    on its own port, which the NetworkPolicy opens to the operator alone."""
+    secrets = {d["metadata"]["name"]: d for d in by_kind(default_objects, "Secret")}
+    tenant, token = secrets[f"{RELEASE}-anchorage-tenant"], secrets[f"{RELEASE}-anchorage-access-log"]
+    for s, key in ((tenant, "secret"), (token, "token")):
+        assert len(base64.b64decode(s["data"][key])) == 48
+        assert s["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    again = {d["metadata"]["name"]: d for d in by_kind(objects(render({})), "Secret")}
+    assert again[tenant["metadata"]["name"]]["data"] != tenant["data"]   # random, not fixed
+    ref = {"secretKeyRef": {"name": f"{RELEASE}-anchorage-tenant", "key": "secret"}}
+    assert _env(_container(default_objects, "-router", "router"))["ANCHORAGE_TENANT_SECRET"] == ref
+    ref = {"secretKeyRef": {"name": f"{RELEASE}-anchorage-access-log", "key": "token"}}
+    agent = _container(default_objects, "-llama-8b", "node-agent")
+    for c in (agent, _container(default_objects, "-operator", "operator")):
+        assert _env(c)["ANCHORAGE_ACCESS_LOG_TOKEN"] == ref
+    assert "--access-log-port=9401" in agent["args"]
+    assert {"name": "access-log", "containerPort": 9401, "protocol": "TCP"} in agent["ports"]
+    svc = one(default_objects, "Service", "-llama-8b")
+    assert {"name": "access-log", "port": 9401, "targetPort": "access-log",
+            "protocol": "TCP"} in svc["spec"]["ports"]
+    ingress = one(default_objects, "NetworkPolicy", "-models")["spec"]["ingress"]
+    to_log = [r for r in ingress if {"port": "access-log", "protocol": "TCP"} in r["ports"]]
+    assert len(to_log) == 1 and len(to_log[0]["from"]) == 1
+    assert to_log[0]["from"][0]["podSelector"]["matchLabels"][
+        "app.kubernetes.io/component"] == "operator"
+    # existing Secrets: referenced, none created
+    docs = objects(render({"secrets": {"tenant": {"existingSecret": "mine", "key": "k"},
+                                       "accessLog": {"existingSecret": "ops", "key": "t"}}}))
+    assert not by_kind(docs, "Secret")
+    assert _env(_container(docs, "-router", "router"))["ANCHORAGE_TENANT_SECRET"] == {
+        "secretKeyRef": {"name": "mine", "key": "k"}}
+    assert _env(_container(docs, "-llama-8b", "node-agent"))["ANCHORAGE_ACCESS_LOG_TOKEN"] == {
+        "secretKeyRef": {"name": "ops", "key": "t"}}
 
 
 def test_router_deployment(default_objects):

@@ -1,5 +1,6 @@
-"""`anchorage node-agent` as a process: serves health, stops cleanly on SIGTERM, reports bad
-input as one line (no traceback)."""
+"""`anchorage node-agent` as a process: serves health, the access log only behind the
+operator's token on its own port, stops cleanly on SIGTERM, reports bad input as one line
+(no traceback)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import socket
 import subprocess
 import sys
 import time
+
+import os
 
 import httpx
 
@@ -18,13 +21,22 @@ CMD = [sys.executable, "-c", "import sys; from anchorage.cli import main; sys.ex
        "node-agent"]
 
 
+TOKEN = "op-token-5f1c"
+
+
+def env(**extra):
+    e = {k: v for k, v in os.environ.items() if not k.startswith("ANCHORAGE_")}
+    return {**e, **extra}
+
+
 def test_serves_and_stops_on_sigterm(tmp_path):
-    port = free_port()
+    port, log_port = free_port(), free_port()
     proc = subprocess.Popen(CMD + ["--engine-url", f"http://127.0.0.1:{free_port()}",
                                    "--state-dir", str(tmp_path), "--listen",
-                                   f"127.0.0.1:{port}", "--tick", "0.1"],
+                                   f"127.0.0.1:{port}", "--tick", "0.1",
+                                   "--access-log-port", str(log_port)],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+                            text=True, env=env(ANCHORAGE_ACCESS_LOG_TOKEN=TOKEN))
     try:
         deadline = time.time() + 60
         while True:
@@ -41,10 +53,18 @@ def test_serves_and_stops_on_sigterm(tmp_path):
         assert 'anchorage_policy_info{mode="stock",model_name="",policy="off"} 1.0' in text
         # the sample rate handed to the plugin
         assert (tmp_path / "sidecar.json").read_text() == '{"access_log_sample_rate":0.05}'
+        # the access log: not on the metrics port; on its own, only with the token
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/access-log", timeout=5).status_code == 404
+        log_url = f"http://127.0.0.1:{log_port}/v1/access-log"
+        assert httpx.get(log_url, timeout=5).status_code == 401
+        assert httpx.get(log_url, timeout=5,
+                         headers={"authorization": "Bearer nope"}).status_code == 403
+        r = httpx.get(log_url, timeout=5, headers={"authorization": f"Bearer {TOKEN}"})
+        assert r.status_code == 200 and '"format"' in r.text.splitlines()[0]
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=30)
         assert proc.returncode == 0, out
-        assert "node agent stopped" in out
+        assert "node agent stopped" in out and TOKEN not in out
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -55,8 +75,10 @@ def test_bad_input_is_one_line():
     for args, msg in ((["--listen", "nowhere"], "--listen must be HOST:PORT"),
                       (["--engine-url", "localhost:8000"], "engine URL must be http"),
                       (["--access-log-sample-rate", "2"], "sample_rate must be in [0, 1]"),
-                      (["--warmup-r-min", "-1"], "r_min must be in [0, 1]")):
-        p = subprocess.run(CMD + args, cwd=REPO, capture_output=True, text=True, timeout=60)
+                      (["--warmup-r-min", "-1"], "r_min must be in [0, 1]"),
+                      (["--access-log-port", "9401"], "ANCHORAGE_ACCESS_LOG_TOKEN")):
+        p = subprocess.run(CMD + args, cwd=REPO, capture_output=True, text=True, timeout=60,
+                           env=env())
         assert p.returncode == 2, p.stderr
         assert msg in p.stderr and "Traceback" not in p.stderr
 

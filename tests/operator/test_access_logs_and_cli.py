@@ -14,12 +14,16 @@ from anchorage.operator.access_logs import AccessLogError, load_access_logs
 from tests.operator.access_log import write_access_log
 
 
-def test_file_and_http_sources_merge_by_time(tmp_path):
+def test_file_and_http_sources_merge_by_time(tmp_path, monkeypatch):
     log = write_access_log(tmp_path / "a.jsonl", turns=2)
     body = log.read_bytes()
+    monkeypatch.setenv("ANCHORAGE_ACCESS_LOG_TOKEN", "op-token")
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802
+            if self.headers.get("authorization") != "Bearer op-token":
+                self.send_error(401)   # a node agent serves its log only to the operator
+                return
             if self.path != "/access-log":
                 self.send_error(404)
                 return
@@ -42,6 +46,8 @@ def test_file_and_http_sources_merge_by_time(tmp_path):
         assert len(load_access_logs([str(log)], max_requests=5)) == 5
         with pytest.raises(AccessLogError, match="404"):
             load_access_logs([url + "/nope"], max_requests=10)
+        with pytest.raises(AccessLogError, match="401"):
+            load_access_logs([url + "/access-log"], max_requests=10, token="")
     finally:
         srv.shutdown()
         srv.server_close()

@@ -228,3 +228,32 @@ torch, Triton, numba, outlines or Hugging Face writes lives under HOME, an empty
 - {name: OUTLINES_CACHE_DIR, value: /home/vllm/.cache/outlines}
 - {name: TMPDIR, value: /tmp}
 {{- end -}}
+
+{{/* The Secret of the router's tenant secret and of the node agents' access-log token:
+`secrets.<which>.existingSecret`, else the one the chart creates (templates/secrets.yaml). */}}
+{{- define "anchorage.tenantSecretName" -}}
+{{- .Values.secrets.tenant.existingSecret | default (printf "%s-tenant" (include "anchorage.fullname" .)) -}}
+{{- end -}}
+{{- define "anchorage.accessLogSecretName" -}}
+{{- .Values.secrets.accessLog.existingSecret | default (printf "%s-access-log" (include "anchorage.fullname" .)) -}}
+{{- end -}}
+
+{{/* ANCHORAGE_ACCESS_LOG_TOKEN from its Secret (the node agents and the operator). */}}
+{{- define "anchorage.accessLogTokenEnv" -}}
+- name: ANCHORAGE_ACCESS_LOG_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "anchorage.accessLogSecretName" . }}
+      key: {{ .Values.secrets.accessLog.key }}
+{{- end -}}
+
+{{/* A random value for a Secret the chart creates, the one already in the cluster when
+there is one (`helm upgrade` keeps it; `helm template` has no cluster: a new one). */}}
+{{- define "anchorage.secretValue" -}}
+{{- $old := lookup "v1" "Secret" .ns .name -}}
+{{- if and $old $old.data (hasKey $old.data .key) -}}
+{{- index $old.data .key -}}
+{{- else -}}
+{{- randAlphaNum 48 | b64enc -}}
+{{- end -}}
+{{- end -}}

@@ -43,6 +43,11 @@ app.kubernetes.io/instance={{ .Release.Name }},app.kubernetes.io/component=model
   value: "0"
 - name: POD_NAMESPACE
   valueFrom: {fieldRef: {fieldPath: metadata.namespace}}
+- name: ANCHORAGE_TENANT_SECRET
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "anchorage.tenantSecretName" . }}
+      key: {{ .Values.secrets.tenant.key }}
 {{- with .Values.router.extraEnv }}
 {{ toYaml . }}
 {{- end }}
