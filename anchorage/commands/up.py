@@ -6,7 +6,9 @@
 Starts N vLLM engines (CPU build; a generated tiny Llama with dummy weights unless --model),
 a node-agent sidecar per engine, the Ray Serve router in front of them and, when installed,
 a local Prometheus scraping all of them; prints where each listens and runs until Ctrl-C
-(SIGINT) or SIGTERM, which stop everything it started.
+(SIGINT) or SIGTERM, which stop everything it started. A piece that dies is reaped with
+its process tree and restarted with back-off while the rest keep serving; `up` ends by
+itself only when nothing can serve any more (docs/demo.md, "Supervision").
 """
 
 from __future__ import annotations
@@ -139,7 +141,8 @@ def run(args) -> int:
             print(f"  Prometheus           {ep.prometheus or 'off'}", flush=True)
             print(f"  logs                 {ep.workdir}/logs", flush=True)
             print(f"\ndrive it:  anchorage drive --router-url {ep.router} --engine-urls "
-                  f"{','.join(ep.engines)}\nCtrl-C stops everything.", flush=True)
+                  f"{','.join(ep.engines)}\nCtrl-C stops everything; a piece that dies is "
+                  "restarted.", flush=True)
             if args.ready_file:
                 with open(args.ready_file + ".tmp", "w") as fh:
                     json.dump(ep.to_dict(), fh)
@@ -147,9 +150,9 @@ def run(args) -> int:
                 os.replace(args.ready_file + ".tmp", args.ready_file)
             while True:
                 problem = stack.check()
-                if problem:
+                if problem:             # restarts gave up on the router or every engine
                     raise CLIError(problem)
-                time.sleep(1.0)
+                time.sleep(0.5)
         except KeyboardInterrupt:
             print("\nstopping ...", file=sys.stderr, flush=True)
             return 0

@@ -1,0 +1,225 @@
+"""The stack's supervision over real processes (fast; no vLLM, no Ray): the restart
+policy's specification, exit statuses in words, a dead child's whole process tree reaped
+(an engine-core-like grandchild that ignores SIGTERM included), restarts with back-off
+that become ready again, giving up, the engine wrapper's exit status for a dead engine
+core, and the Ray worker hook that keeps Serve's replica gRPC port on loopback.
+
+The children are small Python HTTP servers on loopback standing in for an engine: what is
+under test is the supervisor (the real engines' faults are in ``test_stack_faults``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from anchorage.stack.restart import AUX, ENGINE, ROUTER, RestartPolicy, can_serve
+from anchorage.stack.supervisor import (GIVEN_UP, RUNNING, Supervisor, alive, describe_exit,
+                                        http_ok)
+from tests.conftest import REPO, need
+from tests.support.procs import free_port
+
+# an engine stand-in: /health on PORT; a grandchild in its process group that ignores
+# SIGTERM (vLLM's busy engine core does); exits 3 at start while FAIL_FILE exists
+CHILD = textwrap.dedent("""
+    import http.server, os, signal, subprocess, sys
+    port, fail_file, pid_file = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    if os.path.exists(fail_file):
+        sys.exit(3)
+    core = subprocess.Popen([sys.executable, "-c",
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
+    open(pid_file, "w").write(str(core.pid))
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+        def log_message(self, *a):
+            pass
+    http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+""")
+
+
+def run_until(sup: Supervisor, pred, timeout_s: float = 30.0) -> list[str]:
+    events: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        events += sup.tick()
+        if pred():
+            return events
+        time.sleep(0.05)
+    raise AssertionError(f"condition not reached in {timeout_s} s; events: {events}")
+
+
+@pytest.fixture
+def engine_like(tmp_path):
+    sup = Supervisor(tmp_path / "logs", RestartPolicy(backoff_s=0.3, backoff_max_s=0.6,
+                                                      max_restarts=2, stable_s=300),
+                     reap_s=1.0)
+    port = free_port()
+    fail, pid_file = tmp_path / "fail", tmp_path / "core.pid"
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    c = sup.start("engine-0", [sys.executable, str(script), str(port), str(fail), str(pid_file)],
+                  role=ENGINE)
+    sup.wait_ready(c, lambda: http_ok(f"http://127.0.0.1:{port}/health"), 30)
+    yield sup, c, port, fail, pid_file
+    sup.stop_all(grace_s=2, straggler_s=1)
+
+
+def test_restart_policy_specification():
+    p = RestartPolicy()
+    assert [p.delay_s(k) for k in range(1, 8)] == [1, 2, 4, 8, 16, 30, 30]
+    assert not p.gives_up(5) and p.gives_up(6)
+    assert RestartPolicy(max_restarts=0).gives_up(1)
+    assert RestartPolicy.from_dict({"backoff_s": 0.5}).backoff_s == 0.5
+    with pytest.raises(ValueError, match="unknown restart parameter.*backof"):
+        RestartPolicy.from_dict({"backof": 1})
+    with pytest.raises(ValueError):
+        RestartPolicy(backoff_s=10, backoff_max_s=1)
+    assert can_serve([(ROUTER, False), (ENGINE, True), (ENGINE, False), (AUX, True)])
+    assert not can_serve([(ROUTER, False), (ENGINE, True), (AUX, False)])
+    assert not can_serve([(ROUTER, True), (ENGINE, False)])
+
+
+def test_exit_status_in_words():
+    assert describe_exit(-9) == "was killed by SIGKILL"
+    assert describe_exit(1) == "exited with status 1"
+    assert describe_exit(0) == "exited with status 0"
+    assert describe_exit(137) == "exited with status 137 (a process it ran was killed by SIGKILL)"
+
+
+def test_dead_child_is_reaped_with_its_tree_and_restarted(engine_like):
+    sup, c, port, _, pid_file = engine_like
+    first_pid, core = c.proc.pid, int(pid_file.read_text())
+    assert alive(core)
+    os.kill(first_pid, signal.SIGKILL)              # the API server, killed outright
+    events = run_until(sup, lambda: c.state == RUNNING and c.proc.pid != first_pid)
+    assert events[0].startswith("engine-0 was killed by SIGKILL; restarting it in 0.3 s"), events
+    assert any("left behind needed SIGKILL" in e for e in events), events  # it ignored SIGTERM
+    assert not alive(core)                          # reaped before the restart
+    assert any(e.startswith("engine-0 is back (restart 1") for e in events), events
+    assert http_ok(f"http://127.0.0.1:{port}/health")
+    assert int(pid_file.read_text()) != core and c.restarts == 1 and c.failures == 1
+
+
+def test_back_off_grows_then_gives_up_and_nothing_can_serve(engine_like):
+    sup, c, _, fail, pid_file = engine_like
+    core = int(pid_file.read_text())
+    fail.write_text("1")                            # every restart now exits 3 at once
+    os.kill(c.proc.pid, signal.SIGKILL)
+    events = run_until(sup, lambda: c.state == GIVEN_UP)
+    deaths = [e for e in events if e.startswith("engine-0 ") and ";" in e]
+    assert deaths[0].startswith("engine-0 was killed by SIGKILL; restarting it in 0.3 s")
+    assert deaths[1].startswith("engine-0 exited with status 3; restarting it in 0.6 s")
+    assert deaths[2].startswith("engine-0 exited with status 3; giving up after 2 failed "
+                                "restart(s); it stays down"), deaths
+    assert not alive(core)
+    assert not can_serve((ch.role, ch.given_up) for ch in sup.children)
+    assert sup.tick() == []                         # given up: no more restarts
+
+
+def test_a_stable_child_starts_over_from_the_first_delay(tmp_path):
+    sup = Supervisor(tmp_path, RestartPolicy(backoff_s=0.2, stable_s=0.5), reap_s=0.5)
+    c = sup.start("prometheus", [sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        os.kill(c.proc.pid, signal.SIGTERM)
+        run_until(sup, lambda: c.state == RUNNING and c.restarts == 1)
+        assert c.failures == 1
+        run_until(sup, lambda: c.failures == 0, timeout_s=5)   # ready for stable_s
+        os.kill(c.proc.pid, signal.SIGTERM)
+        events = run_until(sup, lambda: c.restarts == 2)
+        assert "was killed by SIGTERM; restarting it in 0.2 s" in events[0], events
+    finally:
+        sup.stop_all(grace_s=2, straggler_s=1)
+
+
+def test_stop_all_stops_a_restarting_supervisor_cleanly(engine_like):
+    sup, c, _, _, pid_file = engine_like
+    core = int(pid_file.read_text())
+    os.kill(c.proc.pid, signal.SIGKILL)
+    sup.tick()
+    sup.stop_all(grace_s=1, straggler_s=1)
+    assert not alive(core) and sup.children == [] and sup.tick() == []
+
+
+WRAPPER_PROBE = textwrap.dedent("""
+    import json, multiprocessing as mp, os, signal, sys, time
+    from anchorage.stack import vllm_server as vs
+    vs._record_started_processes()
+    def die():
+        os.kill(os.getpid(), signal.SIGKILL)
+    def wait():
+        time.sleep(60)
+    ctx = mp.get_context("fork")
+    stopped = ctx.Process(target=wait, name="Stopped"); stopped.start()
+    stopped.terminate(); stopped.join()                # an orderly stop: not a failure
+    before = vs.failed_child_status()
+    core = ctx.Process(target=die, name="EngineCore"); core.start(); core.join()
+    print(json.dumps([before, vs.failed_child_status()]))
+""")
+
+
+def test_engine_wrapper_reports_a_dead_engine_core():
+    p = subprocess.run([sys.executable, "-c", WRAPPER_PROBE], cwd=REPO, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    before, after = json.loads(p.stdout)
+    assert before is None
+    assert after[0] == 137 and after[1].startswith("EngineCore (pid ")
+    assert after[1].endswith("was killed by SIGKILL")
+
+
+RAY_HOOK_PROBE = textwrap.dedent("""
+    import grpc
+    from concurrent import futures
+    from anchorage.stack import ray_loopback
+    ray_loopback.setup_worker()
+    ray_loopback.setup_worker()                  # idempotent: wraps the original once
+    from ray._common.tls_utils import add_port_to_grpc_server
+    server = grpc.server(futures.ThreadPoolExecutor(1))
+    port = add_port_to_grpc_server(server, "[::]:0")   # what every Serve replica asks for
+    server.start()
+    import json, os
+    from tests.support.procs import listening_sockets
+    print(json.dumps([s for s in listening_sockets([os.getpid()]) if s["port"] == port]))
+    server.stop(0)
+""")
+
+
+def test_ray_worker_hook_binds_serve_replica_grpc_to_loopback():
+    need(importlib.util.find_spec("ray") is not None, "ray[serve]==2.60.0",
+         "pip install 'anchorage[router]'")
+    from tests.support.procs import is_loopback
+
+    p = subprocess.run([sys.executable, "-c", RAY_HOOK_PROBE], cwd=REPO, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    socks = json.loads(p.stdout.strip().splitlines()[-1])
+    assert socks and all(is_loopback(s["address"]) for s in socks), socks
+
+
+def test_ray_bootstrap_file_stops_the_cloud_metadata_probe(tmp_path, monkeypatch):
+    need(importlib.util.find_spec("ray") is not None, "ray[serve]==2.60.0",
+         "pip install 'anchorage[router]'")
+    from ray._common.usage import usage_lib
+
+    from anchorage.stack.ray_loopback import loopback_address, prepare_home
+
+    probes = []
+    monkeypatch.setattr(usage_lib, "get_cloud_from_metadata_requests",
+                        lambda: probes.append(1) or "unknown")
+    # what the dashboard head does at start, without the file: probes
+    usage_lib.get_cluster_config_to_report(str(tmp_path / "ray_bootstrap_config.yaml"))
+    assert probes == [1]
+    path = prepare_home(tmp_path)
+    assert usage_lib.get_cluster_config_to_report(str(path)).cloud_provider == "local"
+    assert probes == [1]
+    assert loopback_address("[::]:0") == "127.0.0.1:0"
+    assert loopback_address("0.0.0.0:9000") == "127.0.0.1:9000"
+    assert loopback_address("127.0.0.1:5") == "127.0.0.1:5"
