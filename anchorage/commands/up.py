@@ -105,6 +105,12 @@ class Stopper:
             raise KeyboardInterrupt
         # a second signal while stopping: ignore, stop_all is already escalating
 
+    def stopping(self) -> None:
+        """From now on signals are ignored: a stop in progress is never cut short (that
+        would leave processes behind)."""
+        if self.signum is None:
+            self.signum = 0
+
     def __exit__(self, *exc) -> None:
         for s, h in self._old.items():
             signal.signal(s, h)
@@ -131,7 +137,7 @@ def run(args) -> int:
     cfg = stack_config(args)
     check_dependencies()
     stack = Stack(cfg)
-    with Stopper():
+    with Stopper() as stopper:
         try:
             ep = start_stack(stack)
             print("\nAnchorage stack is up (loopback only):", flush=True)
@@ -157,6 +163,7 @@ def run(args) -> int:
             print("\nstopping ...", file=sys.stderr, flush=True)
             return 0
         finally:
+            stopper.stopping()
             killed = stack.stop()
             if killed:
                 print(f"stopped ({len(killed)} process(es) needed SIGKILL)", file=sys.stderr)

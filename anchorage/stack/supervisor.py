@@ -207,6 +207,8 @@ class Supervisor:
         or get re-parented are still stopped)."""
         if child.proc.poll() is None:
             table = proc_table() if table is None else table
+            child.known = {p: st for p, st in child.known.items()   # forget the dead
+                           if p in table and table[p][2] == st}
             for pid in descendants(child.proc.pid, table):
                 child.known.setdefault(pid, table[pid][2])
 

