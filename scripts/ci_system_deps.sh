@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # System packages the tests need (Debian). Idempotent; skipped when all are present.
 set -euo pipefail
-pkgs=(make xz-utils iproute2 util-linux strace)   # strace: tests/stack/test_stack_faults.py
+pkgs=(make xz-utils iproute2 util-linux)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ "${#missing[@]}" -gt 0 ]; then

@@ -4,11 +4,18 @@ network namespace.
 
 What Ray does by itself, and what is done about it here:
 
-- The node IP: without ``_node_ip_address`` Ray asks the kernel for the source address of
-  a UDP socket "connected" to 8.8.8.8 (``ray._private.services.get_node_ip_address`` ->
-  ``node_ip_address_from_perspective``). ``init_kwargs`` pins it to 127.0.0.1; every Ray
-  process (GCS, raylet, dashboard, workers) gets it as ``--node-ip-address`` and worker
-  processes answer ``ray.util.get_node_ip_address()`` from it.
+- The node IP: Ray finds it by asking for the source address of a UDP socket "connected"
+  to 8.8.8.8:53 (``ray._private.services.get_node_ip_address`` ->
+  ``ray._raylet.node_ip_address_from_perspective``), and ``ray.init(_node_ip_address=
+  "127.0.0.1")`` alone does not prevent it: ``ray.init`` passes a loopback address through
+  ``resolve_ip_for_localhost``, which *replaces* it with that probe's answer (the host's
+  outside address, wherever there is a default route). ``ENV`` turns Ray's cluster mode
+  off (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, despite its name read on every platform
+  as ``ray_constants.ENABLE_RAY_CLUSTER``; it only decides this resolution and whether
+  ``ray start`` may join nodes): ``get_node_ip_address`` then answers 127.0.0.1 without
+  probing. ``init_kwargs`` also pins ``_node_ip_address``; every Ray process (GCS,
+  raylet, dashboard, workers) gets it as ``--node-ip-address``, and worker processes
+  answer ``ray.util.get_node_ip_address()`` from it.
 - The dashboard head always starts (``include_dashboard=False`` only trims its modules);
   its ``UsageStatsHead`` looks for ``~/ray_bootstrap_config.yaml`` and, when that file is
   missing, probes cloud metadata servers (``http://169.254.169.254``,
@@ -28,6 +35,7 @@ import sys
 from pathlib import Path
 
 LOOPBACK = "127.0.0.1"
+ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}   # set before `import ray` (read at import)
 _ANY = ("[::]:", "0.0.0.0:", ":")
 log = logging.getLogger("anchorage.stack.ray_loopback")
 

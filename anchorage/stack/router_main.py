@@ -17,13 +17,16 @@ import time
 
 def main(path: str) -> int:
     spec = json.loads(open(path).read())
+    from anchorage.stack import ray_loopback
+
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    for k, v in ray_loopback.ENV.items():
+        os.environ.setdefault(k, v)
     import ray
     from ray import serve
 
     from anchorage.router.app import build_app
     from anchorage.router.config import RouterConfig
-    from anchorage.stack import ray_loopback
 
     stop = {"now": False}
 

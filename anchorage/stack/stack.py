@@ -203,7 +203,7 @@ class Stack:
         (rdir / "router.json").write_text(json.dumps(spec, indent=1))
         renv = {k: v for k, v in base_env.items() if not k.startswith("RAY_ADDRESS")}
         renv.update(HOME=str(rdir / "home"), RAY_USAGE_STATS_ENABLED="0",
-                    RAY_DISABLE_USAGE_STATS="1")
+                    RAY_DISABLE_USAGE_STATS="1", **ray_loopback.ENV)
         rchild = self.sup.start("router", [sys.executable, "-m", "anchorage.stack.router_main",
                                            str(rdir / "router.json")], renv, cwd=rdir,
                                 role=ROUTER)

