@@ -31,6 +31,9 @@ from anchorage.stack.supervisor import StartError, Supervisor, describe_exit, ht
 from anchorage.stack.tiny_model import write_tiny_model
 
 POLICIES_OFF = ("off", "stock", "none")
+# a health check's own timeout: a busy 2-core machine answers slowly, and a restarted piece
+# that is never seen ready in time is restarted again
+READY_TIMEOUT_S = 5.0
 
 
 @dataclass
@@ -174,7 +177,7 @@ class Stack:
                                                role=ENGINE)))
         t0 = time.monotonic()
         for s, child in children:
-            self.sup.wait_ready(child, lambda s=s: http_ok(s.url + "/health"),
+            self.sup.wait_ready(child, lambda s=s: http_ok(s.url + "/health", READY_TIMEOUT_S),
                                 self.cfg.engine_timeout_s, _ticker(say, f"engine {s.index}"))
             say(f"  engine {s.index} ready at {s.url} ({time.monotonic() - t0:.0f} s)")
         say("starting node-agent sidecars ...")
@@ -183,7 +186,7 @@ class Stack:
             argv, env = eng.sidecar_command(s, base_env)
             side.append((s, self.sup.start(f"node-agent-{s.index}", argv, env, role=AUX)))
         for s, child in side:
-            self.sup.wait_ready(child, lambda s=s: http_ok(s.sidecar_url + "/healthz"), 60)
+            self.sup.wait_ready(child, lambda s=s: http_ok(s.sidecar_url + "/healthz", READY_TIMEOUT_S), 60)
             say(f"  node agent {s.index} at {s.sidecar_url}")
 
     def _start_router(self, specs: list, port: int, dummy: bool, base_env: dict,
@@ -207,7 +210,7 @@ class Stack:
         rchild = self.sup.start("router", [sys.executable, "-m", "anchorage.stack.router_main",
                                            str(rdir / "router.json")], renv, cwd=rdir,
                                 role=ROUTER)
-        self.sup.wait_ready(rchild, lambda: http_ok(router_url + "/healthz"),
+        self.sup.wait_ready(rchild, lambda: http_ok(router_url + "/healthz", READY_TIMEOUT_S),
                             cfg.router_timeout_s, _ticker(say, "router"))
         say(f"  router ready at {router_url}")
         return router_url
@@ -223,7 +226,7 @@ class Stack:
             "anchorage-router": [hp(router_url)]}))
         pchild = self.sup.start("prometheus", prom.command(binary, pdir, port), role=AUX)
         prom_url = f"http://127.0.0.1:{port}"
-        self.sup.wait_ready(pchild, lambda: http_ok(prom_url + "/-/ready"), 60)
+        self.sup.wait_ready(pchild, lambda: http_ok(prom_url + "/-/ready", READY_TIMEOUT_S), 60)
         say(f"  Prometheus at {prom_url}")
         return prom_url
 

@@ -10,8 +10,9 @@ hence ``python -m``.
 
 Exit status: when vLLM's engine core process dies, the API server shuts itself down and
 exits 0, which would hide a crash. This wrapper records the processes the server starts
-(``multiprocessing``) and those it stops itself (``terminate``/``kill``, its orderly
-shutdown); when one of the others failed, it says so and exits like a shell does:
+(``multiprocessing``) and those it stops itself while they still run (``terminate``/
+``kill``, its orderly shutdown); when one of the others failed, it says so and exits like
+a shell does:
 ``128 + N`` for a process killed by signal N, else that process's own non-zero status."""
 
 from __future__ import annotations
@@ -32,16 +33,31 @@ def _record_started_processes() -> None:
         start(self)
         _started.append(self)
 
+    def stopping(self):
+        if not getattr(self, "_anchorage_stopped", False):
+            self._anchorage_stopped = not _already_exited(self)
+
     def recorded_terminate(self):
-        self._anchorage_stopped = True
+        stopping(self)
         terminate(self)
 
     def recorded_kill(self):
-        self._anchorage_stopped = True
+        stopping(self)
         kill(self)
     mpp.BaseProcess.start = recorded_start
     mpp.BaseProcess.terminate = recorded_terminate
     mpp.BaseProcess.kill = recorded_kill
+
+
+def _already_exited(proc) -> bool:
+    """True when ``proc`` had exited before it was told to stop: its sentinel is readable
+    (vLLM stops a dead engine core too, when ``is_alive`` runs before it became a zombie)."""
+    from multiprocessing.connection import wait
+
+    try:
+        return bool(wait([proc.sentinel], timeout=0))
+    except (ValueError, OSError):
+        return False
 
 
 def failed_child_status() -> tuple[int, str] | None:

@@ -159,7 +159,11 @@ WRAPPER_PROBE = textwrap.dedent("""
     stopped = ctx.Process(target=wait, name="Stopped"); stopped.start()
     stopped.terminate(); stopped.join()                # an orderly stop: not a failure
     before = vs.failed_child_status()
-    core = ctx.Process(target=die, name="EngineCore"); core.start(); core.join()
+    core = ctx.Process(target=die, name="EngineCore"); core.start()
+    from multiprocessing.connection import wait as wait_for_exit
+    wait_for_exit([core.sentinel])
+    core.terminate()     # what vLLM's shutdown does when is_alive() ran before the zombie
+    core.join()
     print(json.dumps([before, vs.failed_child_status()]))
 """)
 
