@@ -186,7 +186,8 @@ class Stack:
             argv, env = eng.sidecar_command(s, base_env)
             side.append((s, self.sup.start(f"node-agent-{s.index}", argv, env, role=AUX)))
         for s, child in side:
-            self.sup.wait_ready(child, lambda s=s: http_ok(s.sidecar_url + "/healthz", READY_TIMEOUT_S), 60)
+            self.sup.wait_ready(
+                child, lambda s=s: http_ok(s.sidecar_url + "/healthz", READY_TIMEOUT_S), 60)
             say(f"  node agent {s.index} at {s.sidecar_url}")
 
     def _start_router(self, specs: list, port: int, dummy: bool, base_env: dict,
