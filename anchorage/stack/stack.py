@@ -116,11 +116,16 @@ class Stack:
             self.stop()
             raise
         if supervise:
+            self.watch(say)
+        return ep
+
+    def watch(self, say: Callable[[str], None] = print) -> None:
+        """Start the watcher thread over the children started so far (``start`` does)."""
+        if self._watcher is None:
             self._stop_watch.clear()
             self._watcher = threading.Thread(target=self._watch, args=(say,),
                                              name="stack-supervisor", daemon=True)
             self._watcher.start()
-        return ep
 
     def _start(self, say: Callable[[str], None]) -> Endpoints:
         cfg = self.cfg

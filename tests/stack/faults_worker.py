@@ -212,7 +212,8 @@ def phase_aux_killed_under_load(up: Up, out: dict) -> None:
         os.kill(agent, signal.SIGKILL)
         out["t_kill"] = time.time()
         out["prometheus_back_s"] = wait_for(
-            lambda: get(up.ep["prometheus"] + "/-/ready")[0] == 200 and up.child("prometheus") != prom,
+            lambda: (get(up.ep["prometheus"] + "/-/ready")[0] == 200
+                     and up.child("prometheus") != prom),
             120, "Prometheus back")
         out["agent_back_s"] = wait_for(
             lambda: get(up.ep["sidecars"][1] + "/healthz")[0] == 200, 120, "node agent back")

