@@ -17,7 +17,8 @@ router; these tests assert on what it recorded:
   probe and vLLM's address lookup all reach for one);
 - Ctrl-C afterwards leaves no process behind.
 
-Slow (one stack start of ~2-5 minutes on 2 cores, four restarts): ANCHORAGE_SLOW=1."""
+Slow (~10-20 minutes on a busy 2-core machine: one stack start, four restarts, engines
+in multiprocess mode take 3-7 minutes each there): ANCHORAGE_SLOW=1."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ GRACE_S = 5.0       # after a kill: the router's health check ejects the dead en
 @pytest.fixture(scope="module")
 def faults(tmp_path_factory):
     if os.environ.get("ANCHORAGE_SLOW") != "1":
-        pytest.skip("slow end-to-end test (~8 min: a real stack, four restarts): "
+        pytest.skip("slow end-to-end test (~10-20 min: a real stack, four restarts): "
                     "set ANCHORAGE_SLOW=1")
     need_stack()
     res = run_worker_in_netns("tests.stack.faults_worker", tmp_path_factory.mktemp("stack-faults"),
