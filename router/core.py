@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import threading
 import time
@@ -27,7 +26,7 @@ from starlette.responses import JSONResponse, Response
 from anchorage.policies.base import RequestContext
 from anchorage.routing.bounded import BoundedLRU
 from anchorage.routing.metadata import to_vllm_body
-from anchorage.router import health, limits, parsing, retries
+from anchorage.router import fastjson, health, limits, parsing, retries
 from anchorage.router.config import RouterConfig
 from anchorage.router.errors import RouterError, error_body, unavailable
 from anchorage.router.keys import ChatTokenizer, request_keys
@@ -106,11 +105,7 @@ class RouterCore:
         prev = p.body.get("previous_response_id") if p.path == "/v1/responses" else None
         return self.responses.get(prev) if isinstance(prev, str) else None
 
-    def remember_response(self, content: bytes, url: str) -> None:
-        try:
-            rid = json.loads(content).get("id")
-        except (ValueError, AttributeError):
-            return
+    def remember_response(self, rid, url: str) -> None:
         if isinstance(rid, str) and len(rid) <= 256:
             self.responses[rid] = url
 
@@ -129,10 +124,13 @@ class RouterCore:
                                  now_s=time.monotonic(), session_id=m.session_id,
                                  tenant=m.tenant, tool_name=m.tool_name, tool_args=m.tool_args,
                                  agent_hint=m.agent, warmup=m.warmup)
-            fwd = json.dumps(to_vllm_body(p.body, m, p.salt)).encode()
+            fwd = forward_body(p)
             up_headers = {"content-type": "application/json", **self._auth,
                           "accept": headers.get("accept", "application/json")}
-            return await retries.send(self, p, ctx, tpk, fwd, up_headers)
+            if p.stream:           # Starlette ends a stream whose client left
+                return await retries.send(self, p, ctx, tpk, fwd, up_headers)
+            return await until_disconnect(request.receive,
+                                          retries.send(self, p, ctx, tpk, fwd, up_headers))
         except RouterError as exc:
             return self.error(exc)
 
@@ -165,4 +163,49 @@ class RouterCore:
                 "policy": self.cfg.policy}
 
 
+_REWRITTEN = frozenset(("anchorage", "vllm_xargs", "session_id", "cache_salt"))
+
+
+def forward_body(p: parsing.Parsed) -> bytes:
+    """The body sent to the replica (``to_vllm_body``). When the client's body has none
+    of the fields it rewrites, the canonical fields are appended to the client's own
+    bytes (the same JSON object, not parsed and encoded again)."""
+    body, m = p.body, p.meta
+    if _REWRITTEN.isdisjoint(body):
+        out = fastjson.extend_object(p.raw, to_vllm_body({}, m, p.salt))
+        if out is not None:
+            return out
+    return fastjson.dumps(to_vllm_body(body, m, p.salt))
+
+
+async def until_disconnect(receive, work) -> Response:
+    """Await ``work`` (a non-streaming answer) unless the client disconnects first: then
+    ``work`` is cancelled, which closes the upstream connection (vLLM aborts a request
+    whose connection closes, so the engine stops computing it) and frees the attempt's
+    slot at once (``retries.attempt`` reports it as ``cancelled``). The body has been read
+    whole, so the next ASGI message is the disconnect."""
+    me = asyncio.current_task()
+    left = False
+
+    async def watch() -> None:
+        nonlocal left
+        try:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+        except Exception:  # noqa: BLE001 - no disconnect signal: the answer decides
+            return
+        left = True
+        me.cancel()
+    watcher = asyncio.ensure_future(watch())
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if left and me.uncancel() == 0:         # our cancellation, not the server's
+            return Response(CLIENT_LEFT, status_code=499, media_type="application/json")
+        raise
+    finally:
+        watcher.cancel()
+
+
 NOT_FOUND = error_body("no such endpoint", "invalid_request_error", "not_found")
+CLIENT_LEFT = error_body("the client disconnected", "invalid_request_error", "client_closed")

@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 class RouterMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
+        self._children: dict = {}
         self.requests = Counter("anchorage_router_requests", "Requests by replica, policy and outcome",
                                 ["replica", "policy", "outcome"], registry=r)
         self.decision = Histogram("anchorage_router_decision_seconds", "Routing decision time",
@@ -53,6 +54,18 @@ class RouterMetrics:
         self.config_rejected = Counter("anchorage_router_config_rejected",
                                        "Operator documents the router refused to apply",
                                        ["model"], registry=r)
+
+    def child(self, metric, *labels: str):
+        """``metric.labels(*labels)``, memoised (the request path looks each up per request)."""
+        key = (id(metric), labels)
+        got = self._children.get(key)
+        if got is None:
+            got = self._children[key] = metric.labels(*labels)
+        return got
+
+    def forget(self, label: str) -> None:
+        """Drop memoised children of a removed replica (``label``)."""
+        self._children = {k: v for k, v in self._children.items() if label not in k[1]}
 
     def text(self) -> bytes:
         return generate_latest(self.registry)

@@ -109,6 +109,7 @@ class RoutingState:
                 self._forget_replica(up.id)
                 self._models = {m for u in self.upstreams.values() for m in u.models}
                 self.metrics.healthy.labels(url).set(0)
+                self.metrics.forget(url)
                 log.info("replica removed: %s", url)
 
     def _forget_replica(self, rid: int) -> None:
@@ -264,13 +265,15 @@ class RoutingState:
                 up.failures = 0
             elif outcome in TRANSPORT_FAILURES:
                 self._failure(up)
-        self.metrics.requests.labels(url, self.cfg.policy, outcome).inc()
+        mt = self.metrics
+        mt.child(mt.requests, url, self.cfg.policy, outcome).inc()
         if outcome == "ok":
-            self.metrics.predicted.labels(url).inc(predicted_tokens)
+            mt.child(mt.predicted, url).inc(predicted_tokens)
             if usage:
                 details = usage.get("prompt_tokens_details") or {}
-                self.metrics.observed.labels(url).inc(int(details.get("cached_tokens") or 0))
-                self.metrics.prompt.labels(url).inc(int(usage.get("prompt_tokens") or 0))
+                cached = details.get("cached_tokens") if isinstance(details, dict) else 0
+                mt.child(mt.observed, url).inc(int(cached or 0))
+                mt.child(mt.prompt, url).inc(int(usage.get("prompt_tokens") or 0))
 
     def retried(self, url: str, reason: str) -> None:
         self.metrics.retries.labels(url, reason).inc()

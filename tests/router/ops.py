@@ -53,6 +53,7 @@ def reset_upstreams() -> None:
         u.mode, u.delay_s = "ok", 0.0
         u.models = ["tiny"]
         u.requests.clear()
+        u.aborted.clear()
         u.cached.clear()
         if u.runner is None:
             _run(u.start(u.port))
@@ -88,6 +89,27 @@ def http_many_timeouts(n: int, path: str, json: Any, timeout: float) -> list[str
         return list(ex.map(one, range(n)))
 
 
+def http_sent_then_leave(n: int, path: str, body: Any, wait_s: float = 30) -> int:
+    """``n`` clients send ``body`` and close their connection once the upstreams have
+    received every request (or ``wait_s`` passed); returns how many reached an upstream."""
+    import json as _json
+    import socket
+    data = _json.dumps(body).encode()
+    req = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+           f"Content-Length: {len(data)}\r\n\r\n").encode() + data
+    total = lambda: sum(len(u.requests) for u in UP.values())  # noqa: E731
+    before = total()
+    socks = [socket.create_connection(("127.0.0.1", 8000), timeout=wait_s) for _ in range(n)]
+    for s in socks:
+        s.sendall(req)
+    deadline = time.time() + wait_s
+    while total() < before + n and time.time() < deadline:
+        time.sleep(0.02)
+    for s in socks:
+        s.close()
+    return total() - before
+
+
 def load_during_kill(name: str, n: int, concurrency: int, stream: bool = False,
                      kill_after_s: float = 0.5) -> list[dict]:
     """``n`` requests at ``concurrency``; ``name`` is killed while they run."""
@@ -108,6 +130,10 @@ def load_during_kill(name: str, n: int, concurrency: int, stream: bool = False,
 
 def upstream_requests(name: str) -> list[dict]:
     return list(UP[name].requests)
+
+
+def upstream_aborts(name: str) -> int:
+    return len(UP[name].aborted)
 
 
 def start_ray(ingress: str = "haproxy") -> float:
@@ -342,3 +368,47 @@ def statuses_of_replicas(tries: int = 12) -> list[dict]:
         st = router_status()
         seen[(st["sync"] or {}).get("peer")] = st
     return list(seen.values())
+
+
+def listening_sockets() -> list[dict]:
+    """Every listening TCP socket of this network namespace with the process holding it:
+    ``{"addr", "port", "cmd"}`` (from /proc/net/tcp{,6} and /proc/<pid>/fd)."""
+    import socket
+    import struct
+
+    listen: dict[str, tuple[str, int]] = {}
+    for fam, path in ((socket.AF_INET, "/proc/net/tcp"), (socket.AF_INET6, "/proc/net/tcp6")):
+        try:
+            lines = open(path).read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if f[3] != "0A":                       # LISTEN
+                continue
+            hexaddr, hexport = f[1].split(":")
+            raw = bytes.fromhex(hexaddr)
+            if fam == socket.AF_INET:
+                addr = socket.inet_ntop(fam, struct.pack("<I", int(hexaddr, 16)))
+            else:
+                addr = socket.inet_ntop(fam, b"".join(struct.pack("<I", w) for w in
+                                                      struct.unpack(">4I", raw)))
+            listen[f[9]] = (addr, int(hexport, 16))
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:[") and target[8:-1] in listen:
+                addr, port = listen.pop(target[8:-1])
+                out.append({"addr": addr, "port": port, "cmd": cmd[:200]})
+    return out
