@@ -187,6 +187,21 @@ def bench_policy(name: str, args) -> dict:
             "mean_keys": statistics.mean(len(h) for h in wl.history) + 144}
 
 
+def calibrate(n: int = 5000, work: int = 1500) -> dict:
+    """The machine's own noise: CPU time of a fixed ~50-100 us pure-Python computation,
+    ``n`` times. On a quiet machine its p99 is close to its p50; when other processes
+    share the cores (caches, SMT siblings) the p99 of *any* computation inflates, and the
+    decision's p99 is to be read against this one."""
+    xs = []
+    for _ in range(n):
+        c0 = time.thread_time_ns()
+        d = {}
+        for k in range(work):
+            d[k & 255] = d.get(k & 255, 0) + k
+        xs.append((time.thread_time_ns() - c0) / 1e3)
+    return {"fixed_work_cpu_p50_us": statistics.median(xs), "fixed_work_cpu_p99_us": pct(xs, 0.99)}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sessions", type=int, default=10_000)
@@ -204,8 +219,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     rows = []
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else -1.0
+    noise = calibrate()
     print(f"{args.sessions} sessions, {args.replicas} replicas; load average {load:.1f} "
-          f"on {os.cpu_count()} CPUs", flush=True)
+          f"on {os.cpu_count()} CPUs; noise: fixed work CPU p50 "
+          f"{noise['fixed_work_cpu_p50_us']:.0f} us, p99 {noise['fixed_work_cpu_p99_us']:.0f} us",
+          flush=True)
     print(f"{'policy':<16}{'agents':>8}{'pick p50':>10}{'pick p99':>10}{'cpu p50':>10}{'cpu p99':>10}"
           f"{'on_start p50':>14}{'on_start p99':>14}  (us) target cpu p99<200")
     populations = [int(a) for a in str(args.agents).split(",")]
@@ -223,7 +241,7 @@ def main(argv=None) -> int:
                                      if "serve_overhead" in prev else {}),
         "benchmark": "router_decision_latency", "sessions": args.sessions,
         "replicas": args.replicas, "agents": populations, "decisions": args.decisions,
-        "capacity_blocks": args.capacity, "load_average": load, "cpus": os.cpu_count(),
+        "capacity_blocks": args.capacity, "load_average": load, "noise": noise, "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "machine": platform.machine(), "rows": rows})
     return 0 if all(r["pick_cpu_p99_us"] < 200 for r in rows) else 1

@@ -27,13 +27,12 @@ import os
 import tempfile
 from typing import Any
 
-from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
-from starlette.routing import Route
 
 from anchorage.router.config import RouterConfig
 from anchorage.router.core import NOT_FOUND, RouterCore
+from anchorage.router.errors import error_body
 from anchorage.router.parsing import ROUTED
 from anchorage.router.relay import RelayResponse, _RelayResponse  # noqa: F401 - re-export
 
@@ -41,33 +40,54 @@ log = logging.getLogger("anchorage.router")
 APP_NAME = "anchorage-router"
 
 
-def build_asgi(core: RouterCore) -> Starlette:
-    """The HTTP surface over one ``RouterCore`` (usable without Ray, e.g. under uvicorn)."""
+def build_asgi(core: RouterCore):
+    """The HTTP surface over one ``RouterCore``: a plain ASGI app (usable without Ray,
+    e.g. under uvicorn). It dispatches on the path itself, without a framework router or
+    middleware stack on the request path; an unexpected error is a 500 OpenAI error
+    object (and a log line), never a traceback to the client."""
+    routed = frozenset(ROUTED)
 
-    def routed(path: str):
-        async def endpoint(request: Request) -> Response:
-            return await core.handle(request, path)
-        return endpoint
-
-    async def models(request: Request) -> Response:
-        return core.models()
-
-    async def livez(request: Request) -> Response:
-        return PlainTextResponse("ok")
-
-    async def healthz(request: Request) -> Response:
-        return core.healthz()
-
-    async def metrics(request: Request) -> Response:
+    def metrics() -> Response:
         return Response(core.state.metrics_text(), media_type="text/plain; version=0.0.4")
+    gets = {"/v1/models": core.models, "/livez": lambda: PlainTextResponse("ok"),
+            "/healthz": core.healthz, "/metrics": metrics}
 
-    async def not_found(request: Request, exc: Exception) -> Response:
-        return Response(NOT_FOUND, status_code=404, media_type="application/json")
+    async def app(scope, receive, send) -> None:
+        kind = scope["type"]
+        if kind == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if kind != "http":
+            return
+        path, method = scope["path"], scope["method"]
+        root = scope.get("root_path", "")
+        if root and path.startswith(root):
+            path = path[len(root):] or "/"
+        try:
+            if method == "POST" and path in routed:
+                resp = await core.handle(Request(scope, receive), path)
+            elif method in ("GET", "HEAD") and path in gets:
+                resp = gets[path]()
+            else:
+                resp = Response(NOT_FOUND, status_code=404, media_type="application/json")
+        except Exception:  # noqa: BLE001 - the client gets an error object, the log the rest
+            log.exception("unexpected error on %s %s", method, path)
+            resp = Response(INTERNAL, status_code=500, media_type="application/json")
+        await resp(scope, receive, send)
+    return app
 
-    routes = [Route(p, routed(p), methods=["POST"]) for p in ROUTED]
-    routes += [Route("/v1/models", models), Route("/livez", livez), Route("/healthz", healthz),
-               Route("/metrics", metrics)]
-    return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found})
+
+async def _lifespan(receive, send) -> None:
+    while True:
+        msg = await receive()
+        if msg["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif msg["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+INTERNAL = error_body("internal router error", "internal_error", "internal_error")
 
 
 def _deployment():

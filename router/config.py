@@ -63,6 +63,7 @@ class RouterConfig:
     num_replicas: int = 1
     ingress: str = "haproxy"               # haproxy (Serve's HAProxy + direct ingress) | serve
     sync_interval_s: float = 0.05          # decisions shared between router replicas
+    gc_freeze_after_s: float = 60.0        # warm-up, then gc.freeze() once (0: never)
     actor_name: str = "anchorage-routing-state"
 
     def validate(self) -> "RouterConfig":

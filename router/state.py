@@ -88,6 +88,7 @@ class RoutingState:
         self._prefill: dict[tuple[int, Any], int] = {}   # (replica, request id) -> tokens
         self.outbox: list | None = None      # decisions for the peers (set by sync)
         self._models: set[str] = set()       # every model some replica reported
+        self.ejections: dict[str, int] = {}  # replica URL -> times ejected
         self.set_replicas(self.cfg.replicas)
 
     # -- membership -----------------------------------------------------------------
@@ -286,6 +287,7 @@ class RoutingState:
         if up.healthy and up.failures >= self.cfg.eject_after_failures:
             up.healthy = False
             up.ejected_once = True
+            self.ejections[up.url] = self.ejections.get(up.url, 0) + 1
             self.metrics.ejections.labels(up.url).inc()
             self.metrics.healthy.labels(up.url).set(0)
             log.warning("replica ejected after %d transport failures: %s", up.failures, up.url)

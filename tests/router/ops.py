@@ -412,3 +412,36 @@ def listening_sockets() -> list[dict]:
                 addr, port = listen.pop(target[8:-1])
                 out.append({"addr": addr, "port": port, "cmd": cmd[:200]})
     return out
+
+
+def soak(upstreams: int, seconds: float, replicas: int = 2, **kw) -> dict:
+    """``tests.router.soak.run`` against ``upstreams`` fresh fake engines and a router of
+    ``replicas`` Serve replicas; then the router replicas' in-flight counts (once drained)
+    and the URLs they ejected."""
+    from tests.router import soak as soak_mod
+
+    ups = {f"soak{i}": FakeUpstream(f"soak{i}") for i in range(upstreams)}
+    for u in ups.values():
+        _run(u.start())
+    try:
+        deploy({"replicas": [f"http://127.0.0.1:{u.port}" for u in ups.values()],
+                "policy": "agent", "num_replicas": replicas, "health_interval_s": 0.5,
+                "eject_after_failures": 2, "block_size": 16})
+        time.sleep(2.0)                                  # first probes: models known
+        res = soak_mod.run(ups, _run, ROUTER, seconds, **kw)
+        deadline = time.time() + 15
+        while True:
+            sts = statuses_of_replicas(4 * replicas)
+            res["inflight_after"] = sum(u["inflight"] for st in sts for u in st["replicas"])
+            if res["inflight_after"] == 0 or time.time() > deadline:
+                break
+            time.sleep(0.5)
+        res["router_replicas_seen"] = len(sts)
+        res["ejected"] = sorted({url for st in sts for url in st["ejections"]})
+        res["ejections"] = sum(n for st in sts for n in st["ejections"].values())
+        res["upstreams"] = upstreams
+        res["router_replicas"] = replicas
+        return res
+    finally:
+        for u in ups.values():
+            _run(u.stop())
