@@ -33,6 +33,7 @@ from starlette.responses import PlainTextResponse, Response
 from anchorage.router.config import RouterConfig
 from anchorage.router.core import NOT_FOUND, RouterCore
 from anchorage.router.errors import error_body
+from anchorage.router.pods import PATH as PEER_PATH
 from anchorage.router.parsing import ROUTED
 from anchorage.router.relay import RelayResponse, _RelayResponse  # noqa: F401 - re-export
 
@@ -66,6 +67,8 @@ def build_asgi(core: RouterCore):
         try:
             if method == "POST" and path in routed:
                 resp = await core.handle(Request(scope, receive), path)
+            elif method == "POST" and path == PEER_PATH:
+                resp = await core.peer_push(Request(scope, receive))
             elif method in ("GET", "HEAD") and path in gets:
                 resp = gets[path]()
             else:

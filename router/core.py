@@ -15,6 +15,8 @@ import asyncio
 import gc
 import itertools
 import logging
+import os
+import socket
 import threading
 import time
 import uuid
@@ -55,6 +57,7 @@ class RouterCore:
         self._tasks: list[asyncio.Task] = []
         self._pending_urls: list[str] | None = None
         self._kv = None
+        self.pods = None
 
     # -- background --------------------------------------------------------------------
     async def start(self, peer_log=None) -> None:
@@ -63,9 +66,17 @@ class RouterCore:
             limit=cfg.max_connections, limit_per_host=cfg.max_connections, ttl_dns_cache=300))
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(health.health_loop(self.state, self._auth)))
+        if cfg.peers or cfg.peer_selector:
+            from anchorage.router.pods import PodPeers
+            self.pods = PodPeers(self.state, self.session, cfg.trusted_token,
+                                 cfg.pod_id or os.environ.get("POD_NAME") or socket.gethostname(),
+                                 cfg.peers, os.environ.get("POD_IP", ""))
+            if cfg.peer_selector:
+                self._start_peer_discovery(loop)
         if peer_log is not None:
             from anchorage.router.sync import PeerSync
-            self.sync = PeerSync(self.state, peer_log, uuid.uuid4().hex[:12], cfg.sync_interval_s)
+            self.sync = PeerSync(self.state, peer_log, uuid.uuid4().hex[:12], cfg.sync_interval_s,
+                                 self.pods)
             self._tasks.append(loop.create_task(self.sync.run()))
         if cfg.config_file or cfg.config_dir:
             from anchorage.router.configdoc import ConfigWatch
@@ -81,14 +92,46 @@ class RouterCore:
             self._tasks.append(loop.create_task(freeze_after(cfg.gc_freeze_after_s)))
 
     def _start_discovery(self, loop) -> None:
+        self._watch(loop, self.cfg.k8s_selector, self.cfg.k8s_port, self._apply_urls)
+
+    def _start_peer_discovery(self, loop) -> None:
+        self._watch(loop, self.cfg.peer_selector, self.cfg.peer_port, self.pods.set_peers)
+
+    def _watch(self, loop, selector: str, port: int, apply) -> None:
+        """Follow the ready addresses of Endpoints selected by ``selector`` (a watch
+        thread); ``apply(urls)`` runs on the event loop on each change."""
         from anchorage.router.discovery import KubeClientAPI, KubernetesSource
         cfg = self.cfg
-        src = KubernetesSource(KubeClientAPI(cfg.k8s_kind), cfg.k8s_namespace,
-                               cfg.k8s_selector, cfg.k8s_port, cfg.k8s_kind)
+        src = KubernetesSource(KubeClientAPI(cfg.k8s_kind), cfg.k8s_namespace, selector, port,
+                               cfg.k8s_kind)
+        threading.Thread(target=src.watch, daemon=True, args=(
+            lambda urls: loop.call_soon_threadsafe(apply, urls),)).start()
 
-        def changed(urls: list[str]) -> None:      # on the watch thread
-            loop.call_soon_threadsafe(self._apply_urls, urls)
-        threading.Thread(target=src.watch, args=(changed,), daemon=True).start()
+    async def peer_push(self, request: Request) -> Response:
+        """``POST /internal/v1/peer-decisions``: another router pod's decisions (``pods``)."""
+        if self.pods is None or not self.pods.authorised(
+                request.headers.get("x-anchorage-internal", "")):
+            return self.error(RouterError(403, "peer decisions need the internal token",
+                                          "permission_error", "forbidden", reason="forbidden"))
+        try:
+            raw = await limits.read_body(request.stream(), self.cfg,
+                                         request.headers.get("content-length"))
+            got = self.pods.parse(raw)
+        except RouterError as exc:
+            return self.error(exc)
+        except (ValueError, RecursionError) as exc:
+            return self.error(RouterError(400, f"bad decision batch: {exc}"))
+        if got is not None:
+            origin, payload, load = got
+            if self.sync is not None:
+                res = self.sync.log.ingest.remote(origin, payload, load)
+                if hasattr(res, "__await__"):
+                    await res
+            elif payload:          # hosted without a log: apply here
+                from anchorage.router.sync import decode
+                for _, url, model, ctx in decode(payload):
+                    self.state.on_peer_start(url, model, ctx)
+        return Response(b"{}", media_type="application/json")
 
     def _apply_urls(self, urls: list[str]) -> None:
         self.state.set_replicas(urls)
@@ -163,6 +206,7 @@ class RouterCore:
         return {"replicas": self.state.snapshot(), "ejections": dict(self.state.ejections),
                 "sync": self.sync.status() if self.sync else None,
                 "config": self.config_watch.status() if self.config_watch else None,
+                "pods": self.pods.status() if self.pods else None,
                 "policy": self.cfg.policy}
 
 

@@ -223,7 +223,12 @@ class RoutingState:
                 return {"status": "unavailable"}
             self.metrics.decision.observe(time.perf_counter() - t0)
             up = ups[p]
-        predicted = int(router.predicted_hit_blocks(ctx, up.id) * tokens_per_key)
+        blocks = router.predicted_hit_blocks(ctx, up.id)
+        if tokens_per_key >= 1 and ctx.input_length:
+            # vLLM computes at least a prompt's last token: a fully cached prompt hits
+            # all but its last block when its length is a multiple of the block size
+            blocks = min(blocks, int((ctx.input_length - 1) // tokens_per_key))
+        predicted = int(blocks * tokens_per_key)
         router.on_start(ctx, up.id)
         if self.outbox is not None:
             self.outbox.append((up.url, model, ctx))
