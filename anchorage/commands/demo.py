@@ -5,9 +5,10 @@ routing, drives the workload through it, stops it; starts it again (cold caches)
 Anchorage `hybrid` eviction policy behind `agent` routing, drives the same workload, stops
 it; prints the side-by-side comparison and writes a markdown report with plots.
 
-As root with `unshare` available, the whole run happens inside a private network namespace
-(a Ray Serve replica listens on every interface); `--isolate off` runs on the host's
-loopback.
+The stack binds and connects to loopback only; as root with `unshare` available the whole
+run also happens inside a private network namespace, as a second fence; `--isolate off`
+runs on the host's loopback. A piece that dies during a run is restarted (`anchorage up`);
+its failed requests show in the report.
 """
 
 from __future__ import annotations

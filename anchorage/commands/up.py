@@ -6,7 +6,9 @@
 Starts N vLLM engines (CPU build; a generated tiny Llama with dummy weights unless --model),
 a node-agent sidecar per engine, the Ray Serve router in front of them and, when installed,
 a local Prometheus scraping all of them; prints where each listens and runs until Ctrl-C
-(SIGINT) or SIGTERM, which stop everything it started.
+(SIGINT) or SIGTERM, which stop everything it started. A piece that dies is reaped with
+its process tree and restarted with back-off while the rest keep serving; `up` ends by
+itself only when nothing can serve any more (docs/demo.md, "Supervision").
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ def add_stack_args(p, *, with_policy: bool = True) -> None:
     p.add_argument("--model", default=None,
                    help="model directory for the engines (default: a generated tiny Llama "
                         "with dummy weights)")
+    p.add_argument("--tiny-model", choices=["ids", "chat"], default="ids",
+                   help="the generated model: ids (token-id prompts only; default) or chat (a "
+                        "real tokenizer and chat template: text and chat requests, the router "
+                        "keys them by tokens)")
     p.add_argument("--prometheus", choices=["auto", "off"], default="auto",
                    help="auto: start a local Prometheus when the binary exists (default)")
     p.add_argument("--base-port", type=int, default=0,
@@ -65,6 +71,7 @@ def stack_config(args, policy: str | None = None, router: str | None = None):
         raise CLIError(f"--router-params is not valid JSON: {exc}") from None
     cfg = StackConfig(engines=args.engines, policy=policy or args.policy,
                       router=router or args.router, router_params=params, model=args.model,
+                      tiny_model=getattr(args, "tiny_model", "ids"),
                       prometheus=args.prometheus, base_port=args.base_port,
                       workdir=args.workdir, kv_blocks=args.kv_blocks, block_size=args.block_size,
                       warmup=not args.no_warmup, cpu=not args.gpu,
@@ -103,6 +110,12 @@ class Stopper:
             raise KeyboardInterrupt
         # a second signal while stopping: ignore, stop_all is already escalating
 
+    def stopping(self) -> None:
+        """From now on signals are ignored: a stop in progress is never cut short (that
+        would leave processes behind)."""
+        if self.signum is None:
+            self.signum = 0
+
     def __exit__(self, *exc) -> None:
         for s, h in self._old.items():
             signal.signal(s, h)
@@ -124,13 +137,12 @@ def start_stack(stack, say=None):
 
 
 def run(args) -> int:
-    from anchorage.cli import CLIError
     from anchorage.stack.stack import Stack
 
     cfg = stack_config(args)
     check_dependencies()
     stack = Stack(cfg)
-    with Stopper():
+    with Stopper() as stopper:
         try:
             ep = start_stack(stack)
             print("\nAnchorage stack is up (loopback only):", flush=True)
@@ -140,7 +152,8 @@ def run(args) -> int:
             print(f"  Prometheus           {ep.prometheus or 'off'}", flush=True)
             print(f"  logs                 {ep.workdir}/logs", flush=True)
             print(f"\ndrive it:  anchorage drive --router-url {ep.router} --engine-urls "
-                  f"{','.join(ep.engines)}\nCtrl-C stops everything.", flush=True)
+                  f"{','.join(ep.engines)}\nCtrl-C stops everything; a piece that dies is "
+                  "restarted.", flush=True)
             if args.ready_file:
                 with open(args.ready_file + ".tmp", "w") as fh:
                     json.dump(ep.to_dict(), fh)
@@ -148,15 +161,16 @@ def run(args) -> int:
                 os.replace(args.ready_file + ".tmp", args.ready_file)
             while True:
                 problem = stack.check()
-                if problem:   # a process of the running stack died
+                if problem:             # restarts gave up on the router or every engine
                     from anchorage.cli import CommandFailed
 
                     raise CommandFailed(problem)
-                time.sleep(1.0)
+                time.sleep(0.5)
         except KeyboardInterrupt:
             print("\nstopping ...", file=sys.stderr, flush=True)
             return 0
         finally:
+            stopper.stopping()
             killed = stack.stop()
             if killed:
                 print(f"stopped ({len(killed)} process(es) needed SIGKILL)", file=sys.stderr)
