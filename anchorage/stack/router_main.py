@@ -16,6 +16,14 @@ import sys
 import time
 
 
+def router_config(spec: dict, environ):
+    """The router's settings: the spec's, and its secrets from ``environ`` (never the
+    spec file: ``ANCHORAGE_TENANT_SECRET``, set by the stack, keys the tenant ids)."""
+    from anchorage.router.config import RouterConfig, env_secrets
+
+    return RouterConfig(**{**env_secrets(environ), **spec["router"]}).validate()
+
+
 def main(path: str) -> int:
     spec = json.loads(open(path).read())
     from anchorage.stack import ray_loopback
@@ -24,9 +32,8 @@ def main(path: str) -> int:
     for k, v in ray_loopback.ENV.items():
         os.environ.setdefault(k, v)
     from anchorage.router.app import APP_NAME, build_app, hosting_env
-    from anchorage.router.config import RouterConfig
 
-    cfg = RouterConfig(**spec["router"]).validate()
+    cfg = router_config(spec, os.environ)
     os.environ.update(hosting_env(cfg, spec.get("haproxy_dir")))   # before Ray starts
     import ray
     from ray import serve

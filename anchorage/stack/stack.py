@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import sys
 import tempfile
 import threading
@@ -226,9 +227,7 @@ class Stack:
             self._haproxy = tempfile.mkdtemp(prefix="ah-", dir="/tmp")
         spec["haproxy_dir"] = self._haproxy
         (rdir / "router.json").write_text(json.dumps(spec, indent=1))
-        renv = {k: v for k, v in base_env.items() if not k.startswith("RAY_ADDRESS")}
-        renv.update(HOME=str(rdir / "home"), RAY_USAGE_STATS_ENABLED="0",
-                    RAY_DISABLE_USAGE_STATS="1", **ray_loopback.ENV)
+        renv = router_env(base_env, rdir / "home")
         rchild = self.sup.start("router", [sys.executable, "-m", "anchorage.stack.router_main",
                                            str(rdir / "router.json")], renv, cwd=rdir,
                                 role=ROUTER)
@@ -298,6 +297,21 @@ class Stack:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
         return killed
+
+
+def router_env(base_env: dict[str, str], home: Path) -> dict[str, str]:
+    """The router's environment: no inherited Ray address, no usage stats, Ray on loopback
+    (``ray_loopback.ENV``), and a tenant
+    secret (``ANCHORAGE_TENANT_SECRET``, the user's if set, else a random one for this
+    stack) so tenant ids and cache salts are keyed hashes of the API keys (issue 21 item 3):
+    nobody who knows an API key's hash can compute its salt. Passed in the environment,
+    never written to the router's spec file or logged."""
+    renv = {k: v for k, v in base_env.items() if not k.startswith("RAY_ADDRESS")}
+    renv.update(HOME=str(home), RAY_USAGE_STATS_ENABLED="0", RAY_DISABLE_USAGE_STATS="1",
+                **ray_loopback.ENV)
+    if not renv.get("ANCHORAGE_TENANT_SECRET"):
+        renv["ANCHORAGE_TENANT_SECRET"] = secrets.token_hex(32)
+    return renv
 
 
 def _ticker(say: Callable[[str], None], what: str, every_s: float = 15.0):
