@@ -270,7 +270,7 @@ def test_config_change_is_applied_in_the_engine_while_serving(cfg_engine, caplog
         assert len(serve(llm, SP, TP, 2, seed=10 + n)) == 2
         snap = new.exporter.snapshot()
         assert (snap["config_generation"], snap["counters"]["config_rejected"]) == (2, n)
-    assert vllm_block_pool.driver(pool) is new and new.policy.survival_threshold == 0.25
+    assert vllm_block_pool.driver(pool) is new and new.policy.config.tuning.survival_threshold == 0.25
 
     # the same policy and parameters under a new generation: no rebuild
     write_config(path, "generation: 5\npolicy:\n  name: hybrid\n  parameters: "

@@ -86,9 +86,6 @@ def vllm_server(tmp_path_factory):
 
 
 def test_sidecar_warms_an_anchor_and_the_next_request_hits_it(vllm_server, tmp_path):
-    from anchorage.access_log import AccessLogConfig
-    from anchorage.warmup import WarmupConfig
-    from anchorage.node_agent.sidecar import Sidecar, SidecarConfig
     from anchorage.node_agent.exporter import PolicyStateExporter
     from tests.node_agent.test_sidecar import metric, until
 
@@ -113,10 +110,7 @@ def test_sidecar_warms_an_anchor_and_the_next_request_hits_it(vllm_server, tmp_p
         return (u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
 
     async def main():
-        sc = Sidecar(SidecarConfig(
-            engine_url=url, kv_events=kv, state_dir=str(tmp_path), port=0, tick_s=0.1,
-            policy_env="hybrid", warmup=WarmupConfig(cooldown_s=3600),
-            access_log=AccessLogConfig(sample_rate=0.0)))
+        sc = warming_sidecar(url, kv, tmp_path)
         await sc.start()
         loop = asyncio.create_task(sc.run_loop())
         base = f"http://127.0.0.1:{sc.port}"
@@ -151,6 +145,18 @@ def test_sidecar_warms_an_anchor_and_the_next_request_hits_it(vllm_server, tmp_p
     asyncio.run(main())
 
 
+def warming_sidecar(url: str, kv: str, state_dir):
+    """A sidecar next to the real server that warms each predicted agent once."""
+    from anchorage.access_log import AccessLogConfig
+    from anchorage.node_agent.sidecar import Sidecar, SidecarConfig
+    from anchorage.warmup import WarmupConfig
+
+    return Sidecar(SidecarConfig(
+        engine_url=url, kv_events=kv, state_dir=str(state_dir), port=0, tick_s=0.1,
+        policy_env="hybrid", warmup=WarmupConfig(cooldown_s=3600),
+        access_log=AccessLogConfig(sample_rate=0.0)))
+
+
 def cached_tokens(url: str, prompt: list[int], salt: str | None = None) -> int:
     """A client's request over HTTP: how many of its prompt tokens the engine had cached."""
     body = {"model": "tiny", "prompt": prompt, "max_tokens": 1}
@@ -167,15 +173,12 @@ def test_a_warmup_carries_the_tenants_salt_so_an_anonymous_client_hits_none_of_i
     recorder learns a tenant's anchor from its salted request; after the sidecar warmed
     it, the anonymous client sending the same tokens gets 0 cached tokens, the tenant
     (same salt) hits the warmed blocks."""
-    from anchorage.access_log import AccessLogConfig
     from anchorage.node_agent.exporter import PolicyStateExporter
     from anchorage.node_agent.kv_events import anchor_key
     from anchorage.node_agent.recorder import NodeState
-    from anchorage.node_agent.sidecar import Sidecar, SidecarConfig
     from anchorage.policies.base import RequestContext
     from anchorage.policies.registry import make_policy
     from anchorage.routing.keys import tenant_salt, token_block_keys
-    from anchorage.warmup import WarmupConfig
     from tests.node_agent.test_sidecar import until
 
     url, kv, _ = vllm_server
@@ -198,10 +201,7 @@ def test_a_warmup_carries_the_tenants_salt_so_an_anonymous_client_hits_none_of_i
                               node_state=state)
 
     async def main():
-        sc = Sidecar(SidecarConfig(
-            engine_url=url, kv_events=kv, state_dir=str(tmp_path), port=0, tick_s=0.1,
-            policy_env="hybrid", warmup=WarmupConfig(cooldown_s=3600),
-            access_log=AccessLogConfig(sample_rate=0.0)))
+        sc = warming_sidecar(url, kv, tmp_path)
         await sc.start()
         loop = asyncio.create_task(sc.run_loop())
         try:
