@@ -32,8 +32,8 @@ Anything of the wrong type is a ``StateError`` naming the file and the field
 
 Compatibility (the plugin and the sidecar ship in different images, so either may be the
 older one): fields are never renamed or removed. Fields added after the first release
-(``counters.config_rejected``, ``anchors[].cache_salt``, ``anchors[].tenant``) are optional: ``None`` reads as
-"not reported" and is not written. Top-level fields this reader does not know are kept in
+(``counters.config_rejected``, ``anchors[].cache_salt``, ``anchors[].tenant``) are
+optional: ``None`` reads as "not reported" and is not written. Top-level fields this reader does not know are kept in
 ``Snapshot.extensions`` and written back unchanged (a newer plugin's sections pass
 through); unknown keys inside a known section are ignored. A snapshot an older plugin
 wrote reads and writes back byte for byte (``tests/node_agent/test_snapshot_contract.py``).
