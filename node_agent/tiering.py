@@ -67,8 +67,7 @@ class EngineTiering(TieredEviction):
         self.interval = max(1, interval)
         self.params = params or sp.SpatialParams()
         self.weights = weights or sp.ScoreWeights()
-        self.flow = TransitionLearner()  # not .trans: the wrapped policy's, read by
-                                         # state.policy_view through __getattr__
+        self.flow = TransitionLearner()  # agent -> agent, from the requests' agent hints
         self._live: OrderedDict[Any, list] = OrderedDict()   # rid -> [agent, blocks]
         self._sess: OrderedDict[Any, Hashable] = OrderedDict()  # session -> last agent
         self._n = 0

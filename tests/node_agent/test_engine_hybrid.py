@@ -140,10 +140,11 @@ def test_stock_evicts_the_waiting_session(engine):
 
 
 def learned(pol) -> tuple:
-    agents = tuple(sorted((a.n, a.ia, a.last_s) for a in pol.agents.values()))
-    return (agents, pol.gaps.global_hist.n, pol.trans.state_size_bytes(), pol.step_gap,
-            sum(s.n for s in pol.sessions.values()),
-            tuple(sorted(pol.at_agent.items(), key=repr)))
+    m = pol.model  # the workload model of group eviction (anchorage.policies.group.model)
+    agents = tuple(sorted((a.n, a.ia, a.last_s) for a in m.agents.values()))
+    return (agents, m.gaps.global_hist.n, m.trans.state_size_bytes(), m.step_gap,
+            sum(s.n for s in m.sessions.values()),
+            tuple(sorted(m.at_agent.items(), key=repr)))
 
 
 def test_warmups_are_not_learnt_and_a_warmed_anchor_is_hit(engine):

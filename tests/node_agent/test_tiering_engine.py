@@ -50,7 +50,7 @@ def test_a_config_reload_keeps_spatial_tiering(own_pool, tmp_path, monkeypatch):
     bs = engine.block_size
     start = vllm_block_pool.attach(engine.pool, EngineTiering(make_policy("lru", block_size=bs)))
     path = tmp_path / "anchorage.yaml"
-    path.write_text("generation: 2\npolicy: {name: hybrid, parameters: {rMin: 0.3}}\n")
+    path.write_text("generation: 2\npolicy: {name: hybrid, parameters: {rMin: 0.3}}\n...\n")
     reloader = PolicyReloader(engine.pool, ConfigWatcher(str(path), "lru", check_s=0),
                               PolicyConfig("lru", generation=1, source="config"))
     errors0 = vllm_block_pool.STATS.errors
@@ -58,7 +58,7 @@ def test_a_config_reload_keeps_spatial_tiering(own_pool, tmp_path, monkeypatch):
     new = vllm_block_pool.driver(engine.pool)
     assert new is not start
     assert isinstance(new.policy, EngineTiering), type(new.policy)
-    assert new.policy.inner.name == "hybrid" and new.policy.inner.r_min == 0.3
+    assert new.policy.inner.name == "hybrid" and new.policy.inner.prefetch_settings().r_min == 0.3
     assert generate(engine, [(prompt(7, 3 * bs), "planner")]) == [2]
     assert vllm_block_pool.STATS.errors == errors0, "the wrapped policy failed after the swap"
 
