@@ -244,6 +244,5 @@ def test_liveness_does_not_depend_on_backends(router, cluster):
     while ns("http", "GET", "/healthz")["status"] != 503:
         assert time.time() < deadline, ns("state_snapshot")
         time.sleep(0.2)
-    r = ns("http", "GET", "/livez")
-    assert r["status"] == 200 and json.loads(r["text"]) == {"status": "ok"}
+    assert ns("http", "GET", "/livez")["status"] == 200
     ns("reset_upstreams")
