@@ -2,22 +2,27 @@
 # Build Kubernetes 1.20 from Debian's `kubernetes` source package (no prebuilt binaries are
 # reachable here) and cache them outside the repository: the control plane
 # (kube-apiserver, kube-controller-manager) and the node (kubelet, kube-scheduler,
-# kube-proxy), all five in one `make` so the packages they share compile once. The kubelet
-# gets the two changes in scripts/k8s/patches/ (see ENVIRONMENT.md, "A real single-node
-# cluster with running pods"). Idempotent: exits at once when every binary is cached and was
-# built with the current patches (a stamp holds their hash).
+# kube-proxy, only with ANCHORAGE_CLUSTER=1: the chart's end-to-end test), all in one `make`
+# so the packages they share compile once. The kubelet gets the two changes in
+# scripts/k8s/patches/ (see ENVIRONMENT.md, "A real single-node cluster with running pods").
+# Idempotent: exits at once when every binary asked for is cached and was built with the
+# current patches (a stamp holds their hash).
 #
 #   ANCHORAGE_K8S_CACHE   cache directory (default ~/.cache/anchorage/k8s-1.20)
+#   ANCHORAGE_CLUSTER=1   the node binaries too (about 10 more minutes cold on 2 cores)
 #   prints the cache directory's bin/ path on success as its last line.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 CACHE="${ANCHORAGE_K8S_CACHE:-$HOME/.cache/anchorage/k8s-1.20}"
 BIN="$CACHE/bin"
-BINARIES=(kube-apiserver kube-controller-manager kubelet kube-scheduler kube-proxy)
+BINARIES=(kube-apiserver kube-controller-manager)
+if [ "${ANCHORAGE_CLUSTER:-0}" = 1 ]; then BINARIES+=(kubelet kube-scheduler kube-proxy); fi
 say() { printf '\033[1m[k8s]\033[0m %s\n' "$*" >&2; }
 
-# What the cached binaries were built from: the binary list and the patches' text.
-KEY=$( { echo "${BINARIES[*]}"; cat "$HERE"/patches/*.patch; } | sha256sum | cut -c1-16)
+# What the cached binaries were built from: the patches' text (the same source tree and
+# patches whichever binaries are asked for; the list is the constant it always was).
+ALL=(kube-apiserver kube-controller-manager kubelet kube-scheduler kube-proxy)
+KEY=$( { echo "${ALL[*]}"; cat "$HERE"/patches/*.patch; } | sha256sum | cut -c1-16)
 cached() {
   [ "$(cat "$BIN/.build-key" 2>/dev/null)" = "$KEY" ] || return 1
   for b in "${BINARIES[@]}"; do [ -x "$BIN/$b" ] || return 1; done
@@ -89,6 +94,10 @@ for b in "${BINARIES[@]}"; do
   [ -n "$f" ] || { say "build produced no $b"; exit 1; }
   # Copy, then rename: a test starting one of the old binaries never sees a partial file.
   install -m 0755 "$f" "$BIN/.$b.new" && mv -f "$BIN/.$b.new" "$BIN/$b"
+done
+# A binary of an older build left next to this one would pass for it under the new stamp.
+for b in "${ALL[@]}"; do
+  [[ " ${BINARIES[*]} " == *" $b "* ]] || rm -f "$BIN/$b"
 done
 echo "$KEY" > "$BIN/.build-key"
 if [ "${ANCHORAGE_K8S_KEEP_BUILD:-0}" != "1" ]; then
