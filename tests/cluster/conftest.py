@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -156,12 +157,17 @@ class Prometheus:
     def start(self) -> "Prometheus":
         self.dir.mkdir(exist_ok=True)
         objs = self.objects()
-        (self.dir / "token").write_text(nodemod.ADMIN_TOKEN)
-        sd_auth = {"api_server": self.n.server,
-                   "authorization": {"credentials_file": str(self.dir / "token")},
-                   "tls_config": {"ca_file": str(self.n.w / "pki" / "ca.crt")}}
+        sd_dir = self.dir / "sd"
+        sd_dir.mkdir(exist_ok=True)
+        namespaces = monitors.namespaces(objs)
+        monitors.discover(self.api, namespaces, sd_dir)
+        # The discovery stand-in (Debian's Prometheus has no kubernetes_sd): a thread started
+        # here, in the node's network namespace like this one, rewrites the target files.
+        self._stop = threading.Event()
+        self._sd = threading.Thread(target=self._discover, args=(namespaces, sd_dir), daemon=True)
+        self._sd.start()
         (self.dir / "rules.yml").write_text(yaml.safe_dump(monitors.rule_groups(objs["PrometheusRule"])))
-        cfg = monitors.prometheus_config(objs, sd_auth, [str(self.dir / "rules.yml")])
+        cfg = monitors.prometheus_config(objs, str(sd_dir), [str(self.dir / "rules.yml")])
         (self.dir / "prometheus.yml").write_text(yaml.safe_dump(cfg))
         log = open(self.dir / "prometheus.log", "ab")
         self.proc = subprocess.Popen(
@@ -180,6 +186,13 @@ class Prometheus:
                 time.sleep(0.5)
         raise RuntimeError("prometheus not ready:\n" + (self.dir / "prometheus.log").read_text()[-2000:])
 
+    def _discover(self, namespaces: list[str], sd_dir: Path) -> None:
+        while not self._stop.wait(3):
+            try:
+                monitors.discover(self.api, namespaces, sd_dir)
+            except Exception as exc:   # noqa: BLE001 - the files keep the last targets
+                self.sd_error = repr(exc)
+
     def query(self, expr: str) -> list[dict]:
         from urllib.parse import urlencode
 
@@ -190,6 +203,9 @@ class Prometheus:
         return body["data"]["result"]
 
     def stop(self) -> None:
+        if getattr(self, "_sd", None) is not None:
+            self._stop.set()
+            self._sd.join(30)
         if self.proc and self.proc.poll() is None:
             self.proc.terminate()
             try:
