@@ -194,8 +194,12 @@ def test_2_prometheus_scrapes_through_the_chart_monitors(prom):
 
     want = {("vllm", "http"), ("node-agent", "agent"), ("router", "http"), ("operator", "metrics")}
     wait_for(lambda: want <= up(), f"targets up: {want}", 120, 3)
-    r = prom.query(f'vllm:prefix_cache_queries_total{{namespace="{NAMESPACE}",model_name="tiny"}}')
-    assert len({s["metric"]["pod"] for s in r}) == 2
+    # Both engines' own counters, each from its pod (a target found later is scraped later).
+    q = f'vllm:prefix_cache_queries_total{{namespace="{NAMESPACE}",model_name="tiny"}}'
+    agents = 'up{container="node-agent"} == 1'
+    wait_for(lambda: len({s["metric"]["pod"] for s in prom.query(q)}) == 2
+             and len({s["metric"]["pod"] for s in prom.query(agents)}) == 2,
+             "both engines' prefix-cache counters and both node agents", 120, 3)
 
 
 def _access_log_threads(api) -> dict[tuple[str, int], Counter]:
