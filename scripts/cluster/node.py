@@ -15,6 +15,9 @@ Binaries: scripts/k8s/build.sh's cache (all five), etcd (apt etcd-server), Debia
 docker.io (/usr/sbin/dockerd, /usr/bin/docker). dockerd's data root is kept in
 ``~/.cache/anchorage/cluster/docker`` (``ANCHORAGE_CLUSTER_CACHE``) so loaded images survive
 between runs; one cluster at a time uses it (a lock file). Root only.
+
+Over ~400 lines on purpose: bring-up and teardown of the same daemons, paths and mounts
+read side by side (what ``up`` creates, ``down`` must remove).
 """
 
 from __future__ import annotations

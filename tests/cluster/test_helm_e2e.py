@@ -284,8 +284,14 @@ def test_4_policy_edit_reaches_agents_and_router_then_scales(node, api, prom):
     _patch_acp(api, {"policy": {"name": "lru"}, "routing": {"policy": "session"}})
     wait_for(lambda: core.read_namespaced_config_map(cm_name, NAMESPACE).metadata.resource_version
              != before_rv, "the operator patched the ConfigMap", 120)
-    wait_for(lambda: all(g > max(side0) for g in generations()[0]) and generations()[1] > router0,
-             "node agents and router apply the new document", 240, 5)
+    try:
+        wait_for(lambda: all(g > max(side0) for g in generations()[0]) and generations()[1] > router0,
+                 "node agents and router apply the new document", 240, 5)
+    except AssertionError as exc:
+        doc = core.read_namespaced_config_map(cm_name, NAMESPACE).data or {}
+        raise AssertionError(f"{exc}; before: sidecars {side0}, router {router0}; now "
+                             f"{generations()}; ConfigMap {cm_name}: "
+                             f"{ {k: v[:300] for k, v in doc.items()} }") from None
     # Behaviour: the engines' policy and the router's routing policy changed.
     for ip in engine_ips(api):
         m = metrics(f"http://{ip}:9400/metrics")
