@@ -243,6 +243,8 @@ class HostPolicy:
                 taken.add(k)
                 chosen.append((k, self.chunks[k]))
             push(g)
+        if len(chosen) < n:
+            taken = set()  # atomic: nothing is evicted
         for g, e in popped:  # give back what was looked at and not taken
             if e[1] not in taken:
                 heapq.heappush(g.heap, e)

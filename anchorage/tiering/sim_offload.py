@@ -21,11 +21,15 @@ A request's id for the host tier is its trace index.
   (``prepare_load``, the host-to-device link; the request runs once the copy is done:
   ``late``, an on-demand reload) and released when it completes. The prompt's remaining
   full blocks are computed and written through (``prepare_store``, the device-to-host
-  link; ready, i.e. loadable, when the copy completes; a key still being stored is a miss).
+  link; ready, i.e. loadable, when the copy completes; a key still being stored is a
+  miss): after a load, once it completed (vLLM computes a loaded request in a later step);
+  without a host hit, every full prompt block at once (held ones are reuses).
   Warm-up blocks the GPU hit covers are host hits (``in_time`` when the copy was done
   before admission, else ``late``; ``wasted`` when none is hit).
 - Turn end (``on_turn_end``): ``returns.finished`` (``next_gap_s``, the true gap, for
-  ``oracle``), the host accesses go to the policy (``request_finished``). With
+  ``oracle``). The request's host accesses go to the policy (``request_finished``) at the
+  start of the step after next, as vLLM's connector reports a finished request in the
+  next step's metadata, after that step's stores. With
   ``temporal``, a stall is planned by the controller over the readings (pool: capacity,
   free and cached free blocks, first queued requests, prefill throughput, the d2h link's
   queue; session: its leading full prompt blocks on GPU, those host memory lacks, their
@@ -106,6 +110,8 @@ class SimOffload:
         n = self.prof.max_num_batched_tokens
         self.tokens_per_s = n / step_time_s(self.prof, [(n, 0)])
         self._pending: list = []   # (done_s, seq, kind, keys): stores and loads in flight
+        self._finished: list = []  # requests finished in the current step
+        self._report: list = []    # ... in the previous one: reported at the next step
         self._due: list = []       # (reload_at, seq, sid)
         self._seq = 0
         self.keys: dict[Hashable, tuple] = {}  # session -> its last prompt's full-block keys
@@ -126,8 +132,17 @@ class SimOffload:
             _, _, kind, keys = heapq.heappop(p)
             if kind == "store":
                 self.store.complete_store(keys)
-            else:
+            elif kind == "load":
                 self.store.complete_load(keys)
+            else:  # a loaded request computes the rest: its chunks are offered now
+                self._offer(*keys)
+
+    def _offer(self, rid: Any, keys: Sequence[Hashable], now: float) -> None:
+        out = self.store.prepare_store(keys, rid)
+        if out is not None and out[0]:
+            done = self.d2h.schedule(now, len(out[0]) * self.bb)
+            self._later(done, "store", out[0])
+            self.offload_blocks += len(out[0])
 
     def _host_run(self, keys: Sequence[Hashable], start: int, limit: int) -> int:
         n = start
@@ -160,6 +175,9 @@ class SimOffload:
     def on_step(self, now: float) -> None:
         self.now = now
         self.ctl.observe_evictions(self.pool.stats.evictions, now)
+        for rid in self._report:
+            self.store.request_finished(rid)
+        self._report, self._finished = self._finished, []
         self._complete(now)
         due = self._due
         while due and due[0][0] <= now:
@@ -194,20 +212,21 @@ class SimOffload:
             ready = max(ready, self._load(keys[g:g + h], req.index, now))
             self.demand_reloads += 1
             self.outcomes["late"] += 1
-        rest = keys[g + h:n_full]
-        if rest:
-            out = self.store.prepare_store(rest, req.index)
-            if out is not None and out[0]:
-                done = self.d2h.schedule(now, len(out[0]) * self.bb)
-                self._later(done, "store", out[0])
-                self.offload_blocks += len(out[0])
+        # vLLM offers the chunks after a host hit once the load is done (the request
+        # computes in a later step); without one, every full prompt chunk now (those the
+        # GPU hit too: held ones count as reuses, missing ones are stored)
+        if h:
+            if g + h < n_full:
+                self._later(ready, "offer", (req.index, keys[g + h:n_full], ready))
+        elif n_full:
+            self._offer(req.index, keys[:n_full], now)
         return warm, h, ready
 
     def on_turn_end(self, req, now: float) -> None:
         self.now = now
         sid = req.session
         st = self.returns.finished(req.index, now, req.next_gap_s)
-        self.store.request_finished(req.index)
+        self._finished.append(req.index)
         if sid is None:
             return
         ctx = req.ctx
@@ -274,7 +293,7 @@ class SimOffload:
         pool.sim_free_epoch += 1
         w.lo, w.hi = alloc.hit_blocks, hi
         w.done_s = self._load(keys[alloc.hit_blocks:hi], ("warm", sid, self._seq), now)
-        self.store.request_finished(("warm", sid, self._seq))
+        self._finished.append(("warm", sid, self._seq))
         self._seq += 1
         self.ctl.moved(sid, now)
 

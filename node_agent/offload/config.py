@@ -109,3 +109,44 @@ def anchorage_enabled(cfg: OffloadConfig) -> bool:
     from anchorage.node_agent.config import env_policy
 
     return cfg.enabled and env_policy() is not None
+
+
+CONNECTOR = "AnchorageOffloadingConnector"
+CONNECTOR_MODULE = "anchorage.node_agent.offload.connector"
+SPEC = "AnchorageOffloadingSpec"
+SPEC_MODULE = "anchorage.node_agent.offload.spec"
+POLICY = "AnchorageCachePolicy"
+POLICY_MODULE = "anchorage.node_agent.offload.policy"
+
+
+def transfer_config(host_bytes: int, *, policy: str = "anchorage", connector: str = "anchorage",
+                    spec: str = "anchorage", anchorage: Mapping[str, Any] | None = None,
+                    **extra: Any) -> dict[str, Any]:
+    """vLLM's ``--kv-transfer-config`` for the host tier (what the chart renders).
+    ``policy``: ``anchorage`` (``AnchorageCachePolicy``), ``lru`` or ``arc`` (vLLM's);
+    ``connector``: ``anchorage`` or ``stock`` (vLLM's ``OffloadingConnector``); ``spec``:
+    ``anchorage`` (the CPU transfer worker where there is no CUDA, vLLM's worker where
+    there is) or ``vllm`` (vLLM's ``CPUOffloadingSpec``: CUDA/XPU only); ``anchorage``:
+    Anchorage's keys; ``extra``: more ``kv_connector_extra_config`` keys."""
+    ec: dict[str, Any] = {"cpu_bytes_to_use": int(host_bytes), **extra}
+    if policy == "anchorage":
+        ec.update(eviction_policy=POLICY, cache_policy_module_path=POLICY_MODULE)
+    elif policy in ("lru", "arc"):
+        ec["eviction_policy"] = policy
+    else:
+        raise ValueError(f"policy must be anchorage, lru or arc, got {policy!r}")
+    if spec == "anchorage":
+        ec.update(spec_name=SPEC, spec_module_path=SPEC_MODULE)
+    elif spec != "vllm":
+        raise ValueError(f"spec must be anchorage or vllm, got {spec!r}")
+    if anchorage:
+        ec["anchorage"] = dict(anchorage)
+    out: dict[str, Any] = {"kv_role": "kv_both", "kv_connector_extra_config": ec}
+    if connector == "anchorage":
+        out.update(kv_connector=CONNECTOR, kv_connector_module_path=CONNECTOR_MODULE,
+                   kv_load_failure_policy="recompute")
+    elif connector == "stock":
+        out["kv_connector"] = "OffloadingConnector"
+    else:
+        raise ValueError(f"connector must be anchorage or stock, got {connector!r}")
+    return out

@@ -29,7 +29,10 @@ Scheduler side (``anchorage.node_agent.offload.tracker.HostTierTracker``):
 
 Worker side: with the CPU transfer worker, ``get_block_ids_with_load_errors`` reports the
 device blocks of failed loads (vLLM then recomputes them: ``kv_load_failure_policy`` must
-be ``recompute``, checked at start), and the worker metadata carries its failures.
+be ``recompute``, checked at start), and the worker metadata carries its failures. vLLM
+retries a request whose load failed from its prefix lookup; the connector then reports no
+host hit for it (its failed load jobs, mapped to requests from the metadata this class
+built), so it is recomputed instead of loading the same bad chunk again.
 
 Disabled (``anchorage.enabled: false`` or the Anchorage plugin off): no tracker, no
 binding; the connector is vLLM's ``OffloadingConnector`` (failed loads are still
@@ -79,6 +82,14 @@ def manager_policy(manager: Any) -> Any:
     return getattr(manager, "_policy", None)
 
 
+def policy_label(policy: Any) -> str:
+    """``anchorage`` (bound), ``lru``, ``arc`` or the policy's class name."""
+    if isinstance(policy, AnchorageCachePolicy):
+        return policy.name
+    cls = type(policy).__name__
+    return {"LRUCachePolicy": "lru", "ARCCachePolicy": "arc"}.get(cls, cls)
+
+
 def policy_occupancy(policy: Any) -> int:
     """Chunks a host policy holds (vLLM's LRU and Anchorage's: ``chunks``; ARC: T1 + T2)."""
     chunks = getattr(policy, "chunks", None)
@@ -93,18 +104,21 @@ class AnchorageWorkerMetadata(OffloadingWorkerMetadata):
 
     failures: dict[str, int] = field(default_factory=dict)
     failed_chunks: list[int] = field(default_factory=list)
+    failed_loads: list[int] = field(default_factory=list)
 
     def aggregate(self, other):
         base = super().aggregate(other)
         fail = dict(self.failures)
-        chunks = list(self.failed_chunks)
+        chunks, loads = list(self.failed_chunks), list(self.failed_loads)
         if isinstance(other, AnchorageWorkerMetadata):
             for k, v in other.failures.items():
                 fail[k] = fail.get(k, 0) + v
             chunks += other.failed_chunks
+            loads += other.failed_loads
         return AnchorageWorkerMetadata(completed_jobs=base.completed_jobs,
                                        transfer_stats=base.transfer_stats,
-                                       failures=fail, failed_chunks=chunks)
+                                       failures=fail, failed_chunks=chunks,
+                                       failed_loads=loads)
 
 
 def request_meta(request: Any) -> dict[str, Any]:
@@ -131,7 +145,10 @@ class AnchorageOffloadingConnector(OffloadingConnector):
         self._local: dict[str, int] = {}
         self._block_size = vllm_config.cache_config.block_size
         self._block_bytes = 0
-        self._policy: Any = None
+        self._policy: Any = manager_policy(self.connector_scheduler.manager) if (
+            self.connector_scheduler is not None) else None
+        self._load_jobs: dict[int, str] = {}  # load job in flight -> request id
+        self._no_host: set[str] = set()       # requests whose load failed: recomputed
         if role == KVConnectorRole.SCHEDULER and anchorage_enabled(self.anchorage):
             self._start_tracker(kv_cache_config)
 
@@ -146,13 +163,11 @@ class AnchorageOffloadingConnector(OffloadingConnector):
                                                     d2h_bytes_s=link, h2d_bytes_s=link))
         returns = SessionReturns(params)
         self._block_bytes = kv_block_bytes(kv_cache_config)
-        pol = manager_policy(self.connector_scheduler.manager)
-        name = getattr(pol, "name", None) or type(pol).__name__
+        pol = self._policy
         if isinstance(pol, AnchorageCachePolicy) and not pol.bind(returns, policy_clock):
             log.warning("anchorage: the host policy held chunks before it was bound; it "
                         "stays vLLM's LRU")
-        self._policy = pol
-        name = getattr(pol, "name", name)
+        name = policy_label(pol)
         chunks = getattr(pol, "cache_capacity", 0)
         bpc = self.connector_scheduler.config.blocks_per_chunk
         self.tracker = HostTierTracker(
@@ -173,6 +188,8 @@ class AnchorageOffloadingConnector(OffloadingConnector):
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
         out = super().get_num_new_matched_tokens(request, num_computed_tokens)
+        if request.request_id in self._no_host and out[0]:
+            out = (0, False)  # its load failed: vLLM retries the lookup; recompute instead
         if self.tracker is not None:
             self._local[request.request_id] = num_computed_tokens
         return out
@@ -234,6 +251,7 @@ class AnchorageOffloadingConnector(OffloadingConnector):
         return out
 
     def _finish(self, request) -> None:
+        self._no_host.discard(request.request_id)
         if self.tracker is None:
             return
         self._local.pop(request.request_id, None)
@@ -241,6 +259,8 @@ class AnchorageOffloadingConnector(OffloadingConnector):
 
     def build_connector_meta(self, scheduler_output):
         meta = super().build_connector_meta(scheduler_output)
+        for job_id, job in meta.load_jobs.items():
+            self._load_jobs[job_id] = job.req_id
         t = self.tracker
         if t is not None:
             t.maybe_write(self.anchorage.state_path, self.anchorage.snapshot_interval_s,
@@ -250,16 +270,24 @@ class AnchorageOffloadingConnector(OffloadingConnector):
     def update_connector_output(self, connector_output) -> None:
         super().update_connector_output(connector_output)
         meta = connector_output.kv_connector_worker_meta
+        if not isinstance(meta, OffloadingWorkerMetadata):
+            return
+        if isinstance(meta, AnchorageWorkerMetadata):
+            for job_id in meta.failed_loads:
+                rid = self._load_jobs.get(job_id)
+                if rid is not None:
+                    self._no_host.add(rid)
+            if meta.failed_chunks and isinstance(self._policy, AnchorageCachePolicy):
+                self._policy.demote(meta.failed_chunks)
+        for job_id in meta.completed_jobs:
+            self._load_jobs.pop(job_id, None)
         t = self.tracker
-        if t is None or not isinstance(meta, OffloadingWorkerMetadata):
+        if t is None:
             return
         ts = meta.transfer_stats
         t.transferred(ts.store.bytes, ts.load.bytes, len(ts.store.sizes), len(ts.load.sizes))
-        if isinstance(meta, AnchorageWorkerMetadata):
-            if meta.failures:
-                t.failed(meta.failures)
-            if meta.failed_chunks and isinstance(self._policy, AnchorageCachePolicy):
-                self._policy.demote(meta.failed_chunks)
+        if isinstance(meta, AnchorageWorkerMetadata) and meta.failures:
+            t.failed(meta.failures)
 
     def shutdown(self) -> None:
         if self.tracker is not None:
@@ -284,11 +312,13 @@ class AnchorageOffloadingConnector(OffloadingConnector):
         fails = {k: w.counts[k] - w.reported.get(k, 0)
                  for k in ("store_failures", "load_failures", "timeouts")}
         fails = {k: v for k, v in fails.items() if v}
-        chunks = list(w.failed_chunks())
-        if not fails and not chunks:
+        chunks, loads = list(w.failed_chunks()), w.failed_loads()
+        if not fails and not chunks and not loads:
             return meta
-        w.reported.update({k: w.counts[k] for k in fails})
+        for k in fails:
+            w.reported[k] = w.counts[k]
         base = meta if meta is not None else OffloadingWorkerMetadata()
         return AnchorageWorkerMetadata(completed_jobs=base.completed_jobs,
                                        transfer_stats=base.transfer_stats,
-                                       failures=fails, failed_chunks=chunks)
+                                       failures=fails, failed_chunks=chunks,
+                                       failed_loads=loads)

@@ -35,7 +35,9 @@ success, so a failure is recorded here instead:
 
 Counters (``counts``): ``stores``, ``loads``, ``store_failures``, ``load_failures``,
 ``timeouts``, ``bytes_d2h``, ``bytes_h2d``; ``failed_chunks()`` drains the chunks that went
-bad since the last call (the scheduler side demotes them in the host policy).
+bad since the last call (the scheduler side demotes them in the host policy),
+``failed_loads()`` the failed load jobs (the scheduler side then recomputes their request
+instead of loading it again: vLLM retries a failed request's lookup).
 """
 
 from __future__ import annotations
@@ -94,6 +96,7 @@ class TorchCopyWorker(OffloadingWorker):
         self.bad_chunks: set[int] = set()
         self._new_bad: set[int] = set()
         self._load_errors: set[int] = set()
+        self._failed_loads: list[int] = []
         self._finished: list[TransferResult] = []
 
     # -- the copy -------------------------------------------------------------------------
@@ -162,6 +165,7 @@ class TorchCopyWorker(OffloadingWorker):
                 self._new_bad.update(chunks)
             else:
                 self._load_errors.update(int(b) for b in dst.block_ids)
+                self._failed_loads.append(job_id)
         self._finished.append(TransferResult(job_id=job_id, success=True,
                                              transfer_size=nbytes, transfer_time=dt))
 
@@ -186,6 +190,11 @@ class TorchCopyWorker(OffloadingWorker):
 
     def take_load_errors(self) -> set[int]:
         out, self._load_errors = self._load_errors, set()
+        return out
+
+    def failed_loads(self) -> list[int]:
+        """Drains the ids of the load jobs that failed since the last call."""
+        out, self._failed_loads = self._failed_loads, []
         return out
 
     def failed_chunks(self) -> Sequence[int]:
