@@ -47,6 +47,7 @@ from anchorage.warmup import (ReloadConfig, ReloadScheduler, WarmupConfig, Warmu
 from anchorage.node_agent.endpoints import HTTPServer, build_app
 from anchorage.node_agent.kv_events import CacheTracker, KVEventSubscriber, anchor_key
 from anchorage.node_agent.metrics import MetricsView, make_registry
+from anchorage.node_agent.offload.tracker import read_host_tier
 from anchorage.node_agent.state import (Snapshot, StateError, read_snapshot, state_path,
                                         write_settings)
 
@@ -167,6 +168,7 @@ class Sidecar:
         self.model_name = config.model_name
         self.snapshot: Snapshot | None = None
         self.snapshot_error: str | None = None
+        self.host_tier: dict[str, Any] | None = None  # the host tier's snapshot (offload)
         self.engine_ok = False
         self._engine_up_s: float | None = None
         self.running = self.waiting = 0
@@ -212,7 +214,7 @@ class Sidecar:
             policy_errors=int(s.counters.get("policy_errors", 0)) if s else 0,
             decision_seconds=s.decision_seconds if s else None,
             access_log_records=self.access_log.kept,
-            tiering=s.tiering if s else None)
+            tiering=s.tiering if s else None, host_tier=self.host_tier)
 
     def _generation_in_force(self, s) -> int:
         """The engine's generation when its plugin runs a policy (it may have rejected a
@@ -293,6 +295,17 @@ class Sidecar:
                                   tool_name=r.get("tool_name"), tool_args=r.get("tool_args"),
                                   agent=r.get("agent"))
 
+    def _read_host_tier(self) -> None:
+        """The host tier's snapshot (``anchorage.node_agent.offload``), when the engine has
+        one; a bad file is logged and the previous one kept."""
+        try:
+            h = read_host_tier(self.cfg.state_dir)
+        except ValueError as exc:
+            log.warning("%s", exc)
+            return
+        if h is not None:
+            self.host_tier = h
+
     def _reload_config(self) -> None:
         path = self.cfg.config_path
         if not path:
@@ -327,16 +340,19 @@ class Sidecar:
         self._reload_config()
         await self._engine()
         self._read_snapshot()
+        self._read_host_tier()
         now = time.time()
         s = self.snapshot
         with self._lock():
             self.ledger.resolve(s, self.tracker, now)
-        if s is None or not self.fresh(now) or not self.engine_ok or self.model_name is None:
+        if not self.engine_ok or self.model_name is None:
             return
-        for r in self.due_reloads(s, now):
+        for r in self.due_reloads(s if self.fresh(now) else None, now):
             t = asyncio.create_task(self._reload(r))
             self._inflight.add(t)
             t.add_done_callback(self._inflight.discard)
+        if s is None or not self.fresh(now):
+            return
         known, cached = [], []
         with self._lock():
             for agent in s.anchors:
@@ -362,10 +378,14 @@ class Sidecar:
             self._inflight.add(t)
             t.add_done_callback(self._inflight.discard)
 
-    def due_reloads(self, s: Snapshot, now_s: float) -> list[dict[str, Any]]:
-        """The temporal controller's pending reloads (``tiering.pending_reloads``) whose
-        time has come, rate-limited (``anchorage.warmup.ReloadScheduler``)."""
-        pending = (s.tiering or {}).get("pending_reloads") or []
+    def due_reloads(self, s: Snapshot | None, now_s: float) -> list[dict[str, Any]]:
+        """The temporal controller's pending reloads (``tiering.pending_reloads``, and the
+        host tier's) whose time has come, rate-limited (``anchorage.warmup.ReloadScheduler``)."""
+        pending = list(((s.tiering if s is not None else None) or {}).get("pending_reloads")
+                       or [])
+        h = self.host_tier  # the host tier's just-in-time reloads, from a fresh snapshot
+        if h is not None and now_s - h["written_s"] <= self.cfg.snapshot_max_age_s:
+            pending += h["pending_reloads"]
         return self.reloads.due(now_s, pending) if pending else []
 
     async def _send_warmup(self, body: dict[str, Any], counts: dict[str, int],

@@ -176,3 +176,44 @@ class HostTierTracker:
             return True
         except (OSError, RuntimeError, TypeError, ValueError):
             return False
+
+
+HOST_TIER_FILE = "host_tier.json"
+_COUNTS = {"hits": ("tokens", "blocks"), "loads": OUTCOMES, "bytes": ("d2h", "h2d"),
+           "fallbacks": FALLBACKS}
+
+
+def parse_host_tier(doc: Any, where: str = "host tier snapshot") -> dict[str, Any]:
+    """The snapshot as the sidecar uses it (plain ints); ValueError naming the field."""
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise ValueError(f"{where}: not an {FORMAT} document")
+    try:
+        out: dict[str, Any] = {
+            "written_s": float(doc["written_s"]), "policy": str(doc.get("policy", "lru")),
+            "capacity_chunks": int(doc["capacity_chunks"]),
+            "capacity_bytes": int(doc["capacity_bytes"]),
+            "used_chunks": int(doc["used_chunks"]), "stores": int(doc.get("stores", 0)),
+            "gate": {str(k): int(v) for k, v in (doc.get("gate") or {}).items()},
+            "pending_reloads": list(doc.get("pending_reloads") or []),
+        }
+        for key, labels in _COUNTS.items():
+            sec = doc.get(key) or {}
+            out[key] = {k: int(sec.get(k, 0)) for k in labels}
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: malformed field ({type(exc).__name__}: {exc})") from None
+    return out
+
+
+def read_host_tier(state_dir: str) -> dict[str, Any] | None:
+    """The engine's latest host-tier snapshot in ``state_dir``; None when there is none."""
+    import json
+
+    path = os.path.join(state_dir, HOST_TIER_FILE)
+    try:
+        with open(path) as fh:
+            doc = json.load(fh)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: cannot read ({exc})") from None
+    return parse_host_tier(doc, path)

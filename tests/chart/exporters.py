@@ -47,6 +47,21 @@ METRIC_LABEL_VALUES: dict[tuple[str, str], list[str]] = {
     ("anchorage_tiering_offloads_total", "decision"): ["ok", "low_pressure"],
     ("anchorage_tiering_reloads_total", "outcome"): ["in_time", "late", "wasted"],
     ("anchorage_tiering_bytes_total", "direction"): ["d2h", "h2d"],
+    ("anchorage_host_tier_hits_total", "unit"): ["tokens", "blocks"],
+    ("anchorage_host_tier_loads_total", "outcome"): ["in_time", "late", "wasted"],
+    ("anchorage_host_tier_bytes_total", "direction"): ["d2h", "h2d"],
+    ("anchorage_host_tier_fallbacks_total", "reason"): ["store_failed", "load_failed",
+                                                        "timeout"],
+    ("anchorage_host_tier_stalls_total", "decision"): ["ok", "low_pressure"],
+    ("anchorage_host_tier_hits_total", "policy"): ["anchorage"],
+    ("anchorage_host_tier_loads_total", "policy"): ["anchorage"],
+    ("anchorage_host_tier_bytes_total", "policy"): ["anchorage"],
+    ("anchorage_host_tier_fallbacks_total", "policy"): ["anchorage"],
+    ("anchorage_host_tier_stalls_total", "policy"): ["anchorage"],
+    ("anchorage_host_tier_stores_total", "policy"): ["anchorage"],
+    ("anchorage_host_tier_used_chunks", "policy"): ["anchorage"],
+    ("anchorage_host_tier_capacity_chunks", "policy"): ["anchorage"],
+    ("anchorage_host_tier_capacity_bytes", "policy"): ["anchorage"],
 }
 # Counter rates (per second, per series) that give the dashboards meaningful ratios; the
 # fleet hit rate is (600 + 300) / (1000 + 1000) = 0.45 with the two model pods below.
