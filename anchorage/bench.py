@@ -1,13 +1,24 @@
 """Benchmark suite: policies x workloads x capacities through sequential replay.
 
-Capacities are fractions of each workload's unique blocks, plus (optionally) the
-"half-LRU" capacity: the smallest capacity at which LRU reaches half the infinite-cache
-hit rate, where the issue's gap-closing targets are measured. Every row carries LRU and
-Belady measured in the same run, so ratios are against baselines of the same run.
+The one implementation of the eviction-policy sweep, used by `anchorage bench` and by
+``bench/bench_policies.py`` / ``bench/bench_foundation.py``:
+
+- ``fraction_capacities(wl, fracs)``: capacities as fractions of the workload's unique
+  blocks, labelled ``1%``, ``5%``, ...;
+- ``half_lru_capacity(wl, search)``: the "half-LRU" capacity, the smallest capacity at
+  which LRU reaches half the infinite-cache hit rate (bisection, ``HalfLRUSearch``), where
+  the gap-closing targets are measured;
+- ``sweep(wl, capacities, policies)``: one ``Row`` per capacity, every policy replayed
+  from an empty pool (``run_one``). Every row carries LRU and Belady measured in the same
+  run when they are among the policies, so ratios are against baselines of the same run;
+- ``format_table(columns, rows)``: the one table printer of the benchmarks (terminal or
+  markdown), and ``format_rows`` the suite's table built on it;
+- ``machine_description()``: CPU, cores, Python, OS, for the results' metadata.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import time
@@ -59,21 +70,43 @@ class Row:
 
 def run_one(wl: Workload, capacity: int, policy: str,
             params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One replay from an empty pool: ``ReplayResult.to_json()`` plus ``policy`` and the
+    policy's ``state_bytes`` after the replay."""
     pol = make_policy(policy, block_size=wl.block_size, contexts=wl.contexts, params=params)
     res = replay(wl.contexts, capacity, wl.block_size, pol)
     out = res.to_json()
     out["policy"] = policy
+    out["state_bytes"] = pol.state_size_bytes()
     return out
 
 
-def half_lru_capacity(wl: Workload, lo_frac: float = 0.001, hi_frac: float = 1.0,
-                      iters: int = 12) -> int:
+@dataclass(frozen=True)
+class HalfLRUSearch:
+    """Bisection for the half-LRU capacity over [lo, unique blocks]: ``lo`` = max(1,
+    int(unique x ``lo_frac``)); at most ``iters`` halvings, stopping early once
+    hi - lo <= max(1, lo // ``stop_lo_div``) (when set) or <= max(1, unique //
+    ``stop_unique_div``) (when set). The answer is the upper end, a capacity where LRU
+    gets at least half the infinite-cache rate. The defaults are `anchorage bench`'s;
+    ``bench/bench_policies.py`` keeps its own committed setting."""
+
+    lo_frac: float = 0.001
+    iters: int = 12
+    stop_lo_div: int | None = 100
+    stop_unique_div: int | None = None
+
+    def done(self, lo: int, hi: int, unique: int) -> bool:
+        if self.stop_lo_div is not None and hi - lo <= max(1, lo // self.stop_lo_div):
+            return True
+        return self.stop_unique_div is not None and hi - lo <= max(1, unique // self.stop_unique_div)
+
+
+def half_lru_capacity(wl: Workload, search: HalfLRUSearch = HalfLRUSearch()) -> int:
     """Smallest capacity (binary search) where LRU gets half the infinite-cache hit rate."""
     target = wl.infinite_hit_rate / 2
-    lo = max(1, int(wl.unique_blocks * lo_frac))
-    hi = max(lo + 1, int(wl.unique_blocks * hi_frac))
-    for _ in range(iters):
-        if hi - lo <= max(1, lo // 100):
+    lo = max(1, int(wl.unique_blocks * search.lo_frac))
+    hi = max(lo + 1, wl.unique_blocks)
+    for _ in range(search.iters):
+        if search.done(lo, hi, wl.unique_blocks):
             break
         mid = (lo + hi) // 2
         if run_one(wl, mid, "lru")["hit_rate"] >= target:
@@ -83,24 +116,36 @@ def half_lru_capacity(wl: Workload, lo_frac: float = 0.001, hi_frac: float = 1.0
     return hi
 
 
+def fraction_capacities(wl: Workload, fracs: Sequence[float]) -> list[tuple[str, int]]:
+    """(label, blocks) per fraction of the unique blocks: ``5%`` -> round(unique x 0.05)."""
+    return [(f"{f:.0%}", max(1, round(wl.unique_blocks * f))) for f in fracs]
+
+
+def sweep(wl: Workload, capacities: Sequence[tuple[str, int]], policies: Sequence[str],
+          log: Callable[[str], None] | None = None) -> list[Row]:
+    """Every policy at every (label, blocks) capacity of one workload."""
+    rows = []
+    for label, cap in capacities:
+        row = Row(wl.name, label, cap, cap / max(1, wl.unique_blocks), wl.infinite_hit_rate)
+        for p in policies:
+            t0 = time.perf_counter()
+            row.results[p] = run_one(wl, cap, p)
+            if log:
+                log(f"{wl.name:<28} {label:>8} {p:<16} hit {row.results[p]['hit_rate']:.2%}"
+                    f"  ({time.perf_counter() - t0:.1f}s)")
+        rows.append(row)
+    return rows
+
+
 def run_suite(workloads: Sequence[Workload], policies: Sequence[str],
               fracs: Sequence[float] = DEFAULT_FRACS, *, half_lru: bool = True,
               log: Callable[[str], None] | None = None) -> list[Row]:
     rows: list[Row] = []
     for wl in workloads:
-        caps: list[tuple[str, int]] = [
-            (f"{f:.0%}", max(1, round(wl.unique_blocks * f))) for f in fracs]
+        caps = fraction_capacities(wl, fracs)
         if half_lru:
             caps.append(("half-LRU", half_lru_capacity(wl)))
-        for label, cap in caps:
-            row = Row(wl.name, label, cap, cap / max(1, wl.unique_blocks), wl.infinite_hit_rate)
-            for p in policies:
-                t0 = time.perf_counter()
-                row.results[p] = run_one(wl, cap, p)
-                if log:
-                    log(f"{wl.name:<28} {label:>8} {p:<16} hit {row.results[p]['hit_rate']:.2%}"
-                        f"  ({time.perf_counter() - t0:.1f}s)")
-            rows.append(row)
+        rows += sweep(wl, caps, policies, log)
     return rows
 
 
@@ -118,35 +163,71 @@ def machine_description() -> str:
             f"({platform.python_implementation()}), {platform.system()} {platform.release()}")
 
 
+# ---------------------------------------------------------------------------------------
+# Tables
+
+@dataclass(frozen=True)
+class Column:
+    """One column: ``value`` is a row key or a function of the row, shown with the format
+    spec ``fmt`` (``missing`` for None or NaN), right-aligned in ``width`` characters
+    unless ``align`` is ``<`` (terminal tables; 0 = as wide as the widest cell)."""
+
+    header: str
+    value: str | Callable[[Any], Any]
+    fmt: str = ""
+    width: int = 0
+    align: str = ">"
+    missing: str = "-"
+
+    def cell(self, row: Any) -> str:
+        v = row[self.value] if isinstance(self.value, str) else self.value(row)
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return self.missing
+        return format(v, self.fmt)
+
+
+def format_table(columns: Sequence[Column], rows: Sequence[Any], *, markdown: bool = False,
+                 sep: str = "  ", rule: bool = False) -> str:
+    """The rows as a table: markdown (``| a | b |``), or aligned text columns joined by
+    ``sep``, trailing blanks dropped (``rule``: a dashed line under the header)."""
+    cells = [[c.cell(r) for c in columns] for r in rows]
+    heads = [c.header for c in columns]
+    if markdown:
+        lines = ["| " + " | ".join(heads) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+        return "\n".join(lines + ["| " + " | ".join(vals) + " |" for vals in cells])
+    widths = [c.width or max([len(h)] + [len(v[i]) for v in cells])
+              for i, (c, h) in enumerate(zip(columns, heads))]
+
+    def line(vals: Sequence[str]) -> str:
+        return sep.join(format(v, f"{c.align}{w}") for c, w, v in zip(columns, widths, vals)
+                        ).rstrip()
+
+    head = line(heads)
+    out = [head] + (["-" * len(head)] if rule else [])
+    return "\n".join(out + [line(v) for v in cells])
+
+
 def format_rows(rows: Sequence[Row], policies: Sequence[str], markdown: bool = False) -> str:
     """One table: hit rate per policy at each capacity, plus LRU-to-Belady gap closed."""
-    cols = ["workload", "capacity", "blocks", "infinite"] + list(policies)
-    has_gap = "lru" in policies and "belady" in policies
-    others = [p for p in policies if p not in ("lru", "belady")]
-    if has_gap:
-        cols += [f"{p} gap closed" for p in others]
-    lines = []
-    if markdown:
-        lines.append("| " + " | ".join(cols) + " |")
-        lines.append("|" + "|".join("---" for _ in cols) + "|")
-    else:
-        lines.append("  ".join(f"{c:>14}" if i > 1 else f"{c:<26}" if i == 0 else f"{c:>9}"
-                               for i, c in enumerate(cols)))
-    for r in rows:
-        vals = [r.workload, r.capacity_label, str(r.capacity_blocks),
-                f"{r.infinite_hit_rate:.1%}"]
-        vals += [f"{r.results[p]['hit_rate']:.1%}" for p in policies]
-        if has_gap:
+    def hit(p: str) -> Callable[[Row], float]:
+        return lambda r: r.results[p]["hit_rate"]
+
+    def gap_closed(p: str) -> Callable[[Row], str]:
+        def f(r: Row) -> str:
             lru, bel = r.results["lru"]["hit_rate"], r.results["belady"]["hit_rate"]
-            for p in others:
-                gap = bel - lru
-                vals.append(f"{(r.results[p]['hit_rate'] - lru) / gap:.0%}" if gap > 1e-9 else "n/a")
-        if markdown:
-            lines.append("| " + " | ".join(vals) + " |")
-        else:
-            lines.append("  ".join(f"{v:>14}" if i > 1 else f"{v:<26}" if i == 0 else f"{v:>9}"
-                                   for i, v in enumerate(vals)))
-    return "\n".join(lines)
+            gap = bel - lru
+            return f"{(r.results[p]['hit_rate'] - lru) / gap:.0%}" if gap > 1e-9 else "n/a"
+        return f
+
+    cols = [Column("workload", lambda r: r.workload, width=26, align="<"),
+            Column("capacity", lambda r: r.capacity_label, width=9),
+            Column("blocks", lambda r: r.capacity_blocks, width=14),
+            Column("infinite", lambda r: r.infinite_hit_rate, ".1%", width=14)]
+    cols += [Column(p, hit(p), ".1%", width=14) for p in policies]
+    if "lru" in policies and "belady" in policies:
+        cols += [Column(f"{p} gap closed", gap_closed(p), width=14)
+                 for p in policies if p not in ("lru", "belady")]
+    return format_table(cols, rows, markdown=markdown)
 
 
 def plot_rows(rows: Sequence[Row], policies: Sequence[str], out_dir: str | Path) -> list[Path]:

@@ -2,10 +2,13 @@
 
 A spec is one of:
 - ``generated:<topology>[:<seed>]`` - `anchorage trace generate` with ``DEFAULT_AGENTS``
-  agents and ``DEFAULT_SESSIONS`` sessions (or ``sessions=``);
-- ``mooncake`` / ``mooncake-synthetic`` / ``chatdev`` / ``weka`` - the real traces under
-  the traces directory (default ``../shared/traces`` beside the checkout, or
-  ``$ANCHORAGE_TRACES``), converted on the fly;
+  agents and ``DEFAULT_SESSIONS`` sessions (or ``sessions=``), the generator's default
+  concurrency (or ``concurrency=``);
+- ``mooncake`` / ``mooncake-synthetic`` / ``chatdev[:<seed>]`` / ``weka[:<seed>]`` - the
+  real traces under the traces directory (default ``../shared/traces`` beside the checkout,
+  or ``$ANCHORAGE_TRACES``), converted on the fly; ChatDev's and WEKA's sessions are
+  interleaved over one hour with start offsets drawn from the seed (default 0); ``limit=``
+  keeps the first so many sessions;
 - a path to an ``anchorage-trace/v1`` file.
 """
 
@@ -37,28 +40,42 @@ def default_traces_dir() -> Path:
     return here.parent / "shared" / "traces"
 
 
-def load(spec: str, traces_dir: Path | None = None, *, sessions: int | None = None) -> Workload:
+def load(spec: str, traces_dir: Path | None = None, *, sessions: int | None = None,
+         concurrency: float | None = None, limit: int | None = None) -> Workload:
     traces_dir = traces_dir or default_traces_dir()
     if spec.startswith("generated:"):
         from anchorage.trace.generate import generate
 
         parts = spec.split(":")
         topology = parts[1]
-        seed = int(parts[2]) if len(parts) > 2 else 0
+        seed = _seed(spec, parts[2]) if len(parts) > 2 else 0
+        opts = {} if concurrency is None else {"concurrency": concurrency}
         try:
             header, records = generate(topology=topology, agents=DEFAULT_AGENTS,
-                                       sessions=sessions or DEFAULT_SESSIONS, seed=seed)
+                                       sessions=sessions or DEFAULT_SESSIONS, seed=seed, **opts)
         except ValueError as exc:
             raise WorkloadUnavailable(f"cannot generate {spec!r}: {exc}") from None
         return Workload.from_records(spec, header, records, source="generated")
-    if spec in REAL:
-        return _load_real(spec, traces_dir)
+    name, _, seed = spec.partition(":")
+    if spec in REAL or (seed and name in _REAL_SPECS):
+        wl = _load_real(name, traces_dir, _seed(spec, seed) if seed else 0, limit)
+        wl.name = spec
+        return wl
     p = Path(spec)
     if not p.exists():
         raise WorkloadUnavailable(f"unknown workload {spec!r}: not a generated:<topology>, "
-                                  f"one of {', '.join(REAL)}, or an existing trace file")
+                                  f"one of {', '.join(REAL)} (chatdev and weka take a :<seed>), or an "
+                                  f"existing trace file")
     header, records = read_trace(p)
     return Workload.from_records(p.name, header, records, source=str(p))
+
+
+def _seed(spec: str, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise WorkloadUnavailable(f"bad seed in workload {spec!r}: {text!r} is not an integer"
+                                  ) from None
 
 
 def _need(path: Path) -> Path:
@@ -75,7 +92,7 @@ _REAL_SPECS = {
 }
 
 
-def _load_real(name: str, traces_dir: Path) -> Workload:
+def _load_real(name: str, traces_dir: Path, seed: int = 0, limit: int | None = None) -> Workload:
     if name in ("mooncake", "mooncake-synthetic"):
         fname = "conversation_trace.jsonl.xz" if name == "mooncake" else "synthetic_trace.jsonl.xz"
         path = _need(traces_dir / "mooncake" / fname)
@@ -85,5 +102,5 @@ def _load_real(name: str, traces_dir: Path) -> Workload:
 
     dataset, rel, opts = _REAL_SPECS[name]
     src = _need(traces_dir / rel)
-    header, records = convert(dataset, src, ConvertOptions(**opts))
+    header, records = convert(dataset, src, ConvertOptions(seed=seed, limit=limit, **opts))
     return Workload.from_records(name, header, records, source=str(src))

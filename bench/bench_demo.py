@@ -5,7 +5,7 @@ bench/results/demo.json and prints the side-by-side table.
 
 Usage::
 
-    .venv/bin/python bench/bench_demo.py [--out bench/results/demo.json] [demo flags...]
+    .venv/bin/python -m bench.bench_demo [--out bench/results/demo.json] [demo flags...]
 
 Any extra flag goes to `anchorage demo` (e.g. ``--sessions 60 --concurrency 8``; on a GPU
 machine ``--gpu --model /path/to/model``). One run, not a best-of: the engines' own
@@ -22,7 +22,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench import harness
+
+ROOT = harness.ROOT
 
 
 def main() -> int:
@@ -36,8 +38,8 @@ def main() -> int:
         rc = subprocess.call(cmd, cwd=ROOT)
     if Path(args.out).exists():
         data = json.loads(Path(args.out).read_text())
-        data["command"] = "python bench/bench_demo.py " + " ".join(rest)
-        Path(args.out).write_text(json.dumps(data, indent=1, default=str))
+        data["command"] = "python -m bench.bench_demo " + " ".join(rest)
+        harness.write_json(args.out, data)
         print(f"wrote {args.out}")
     return rc
 

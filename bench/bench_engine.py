@@ -26,20 +26,20 @@ policy vs stock vLLM, side by side in one process and one run.
     scheduler limits, its cost model's clock: ``sim_closed_loop``). Target: +10 points of
     hit rate and lower TTFT.
 
-    .venv/bin/python bench/bench_engine.py [--out bench/results/engine.json]
+    .venv/bin/python -m bench.bench_engine [--out bench/results/engine.json]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import random
 import statistics
 import sys
 import time
-from pathlib import Path
+
+from bench import harness
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -65,15 +65,16 @@ class Modes:
 
     def use(self, policy: str | None) -> None:
         from anchorage.node_agent import vllm_block_pool as vbp
+        from anchorage.node_agent import vllm_hooks
 
         from anchorage.policies.registry import make_policy
 
         assert self.llm.reset_prefix_cache()
         vbp.detach(self.pool)
         if policy is None:
-            vbp.uninstall()
+            vllm_hooks.uninstall()
         else:
-            vbp.install(None)
+            vllm_hooks.install(None)
             vbp.attach(self.pool, make_policy(policy, block_size=BS))
 
 
@@ -234,22 +235,6 @@ def in_flight_breakdown(args, ks: list[int]) -> dict:
     return out
 
 
-def git_state() -> dict:
-    """The commit measured, and the files of the code under test that differ from it."""
-    import subprocess
-
-    def git(*a: str) -> str:
-        try:
-            return subprocess.run(["git", *a], capture_output=True, text=True,
-                                  cwd=Path(__file__).resolve().parent.parent).stdout.strip()
-        except OSError:
-            return ""
-
-    return {"head": git("rev-parse", "HEAD"),
-            "modified": git("status", "--porcelain", "--", "anchorage/policies",
-                            "anchorage/pool", "anchorage/sim", "node_agent").splitlines()}
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--policy", default="hybrid")
@@ -294,24 +279,22 @@ def main(argv=None) -> int:
             p.error("--explain-in-flight: each k must be >= 1")
         print(f"in-flight breakdown (timed simulator): {args.topology}, {args.agents} agents, "
               f"{args.sessions} sessions, seed {args.seed}, {args.blocks} blocks", flush=True)
-        res = {"bench": "engine_in_flight_breakdown", "args": vars(args), "git": git_state(),
-               "breakdown": in_flight_breakdown(args, ks)}
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(res, indent=1) + "\n")
-        print(f"wrote {out}")
+        res = {"bench": "engine_in_flight_breakdown", "args": vars(args),
+               "git": harness.git_state(), "breakdown": in_flight_breakdown(args, ks)}
+        harness.write_json(args.out, res)
+        print(f"wrote {args.out}")
         return 0
 
     import vllm
-    from anchorage.node_agent import vllm_block_pool as vbp
+    from anchorage.node_agent import vllm_hooks
 
-    vbp.install(None)  # before the engine exists: its pool gets the patched __init__
+    vllm_hooks.install(None)  # before the engine exists: its pool gets the patched __init__
     llm, pool = build_engine(args.blocks, args.max_model_len, args.max_num_seqs)
     modes = Modes(llm, pool)
     res: dict = {"bench": "engine", "vllm": vllm.__version__, "machine": platform.machine(),
                  "cpus": os.cpu_count(), "python": sys.version.split()[0],
                  "args": vars(args)}
-    res["git"] = git_state()
+    res["git"] = harness.git_state()
     t0 = time.time()
     if args.skip != "throughput":
         print(f"(a) throughput, no reuse: {args.tp_requests} x {args.tp_prompt}+"
@@ -332,10 +315,8 @@ def main(argv=None) -> int:
             rows[args.policy]["ttft_mean_s"] / rows["stock"]["ttft_mean_s"] - 1
             if rows["stock"]["ttft_mean_s"] else 0.0)
     res["wall_s"] = time.time() - t0
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=1) + "\n")
-    print(f"wrote {out}")
+    harness.write_json(args.out, res)
+    print(f"wrote {args.out}")
     return 0
 
 

@@ -4,20 +4,17 @@ Capacities 2, 5, 10 and 20 % of each trace's unique blocks; replay speed in requ
 microseconds per block operation for both policies. Real traces are read from
 ../shared/traces (or $ANCHORAGE_TRACES); a missing one is reported and skipped.
 
-    .venv/bin/python bench/bench_foundation.py [--workloads mooncake,chatdev,weka] [--out F]
+    .venv/bin/python -m bench.bench_foundation [--workloads mooncake,chatdev,weka] [--out F]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from anchorage import bench, workloads  # noqa: E402
+from anchorage import bench, workloads
+from bench import harness
 
 FRACS = (0.02, 0.05, 0.10, 0.20)
 
@@ -48,11 +45,8 @@ def main() -> int:
                 speed.append({"workload": spec, "capacity": r.capacity_label, "policy": p,
                               "requests_per_s": 1e6 / us if us else 0.0,
                               "us_per_block_op": us * len(wl.contexts) / block_ops})
-    table = bench.format_rows(rows, ["lru", "belady"], markdown=True)
-    print(table)
+    print(bench.format_rows(rows, ["lru", "belady"], markdown=True))
     print()
-    print("| workload | policy | requests/s (median over capacities) | us per block access |")
-    print("|---|---|---|---|")
     summary = []
     for spec in dict.fromkeys(s["workload"] for s in speed):
         for p in ("lru", "belady"):
@@ -60,11 +54,13 @@ def main() -> int:
             us = sorted(s["us_per_block_op"] for s in speed if s["workload"] == spec and s["policy"] == p)
             med, umed = xs[len(xs) // 2], us[len(us) // 2]
             summary.append({"workload": spec, "policy": p, "requests_per_s": med, "us_per_block_op": umed})
-            print(f"| {spec} | {p} | {med:,.0f} | {umed:.3f} |")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({
+    print(harness.table([harness.Column("workload", "workload"), harness.Column("policy", "policy"),
+                         harness.Column("requests/s (median over capacities)", "requests_per_s", ",.0f"),
+                         harness.Column("us per block access", "us_per_block_op", ".3f")],
+                        summary, markdown=True))
+    harness.write_json(args.out, {
         "machine": bench.machine_description(), "capacities": FRACS, "missing": missing,
-        "rows": [r.to_json() for r in rows], "speed": summary}, indent=1))
+        "rows": [r.to_json() for r in rows], "speed": summary})
     return 0
 
 

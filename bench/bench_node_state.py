@@ -10,22 +10,22 @@ sessions cycling through them, prompts of anchor + ``--private-tokens``, block s
 the ``hybrid`` policy fed the same requests (its own cost is not counted). CPU time
 (``time.process_time``), best of ``--repeat``.
 
-    .venv/bin/python bench/bench_node_state.py [--out bench/results/node_state.json]
+    .venv/bin/python -m bench.bench_node_state [--out bench/results/node_state.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import random
 import tempfile
 import time
 from pathlib import Path
 
+from anchorage.node_agent.state import NodeState, PolicyStateExporter, write_settings
 from anchorage.policies.base import RequestContext
 from anchorage.policies.registry import make_policy
-from anchorage.node_agent.state import NodeState, PolicyStateExporter, write_settings
+from bench import harness
 
 BS = 16
 GROUP0 = (0).to_bytes(4, "big")
@@ -91,8 +91,7 @@ def main() -> None:
     res = run(args)
     print(f"{'observe us/request':>20} {'snapshot ms':>12} {'snapshot bytes':>15}")
     print(f"{res['observe_us']:>20.2f} {res['snapshot_ms']:>12.3f} {res['snapshot_bytes']:>15}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
+    harness.write_json(args.out, res)
 
 
 if __name__ == "__main__":

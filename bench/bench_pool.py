@@ -9,32 +9,27 @@ machine shared with other work, wall time measures the neighbours), best of ``--
 runs, with the wall time beside it; ``build_ms`` is the policy's construction (Belady's
 next-use table).
 
-    .venv/bin/python bench/bench_pool.py [--workloads mooncake,generated:pipeline]
-                                         [--repeat 3] [--out bench/results/pool.json]
-    .venv/bin/python bench/bench_pool.py --profile mooncake [--profile-policy belady]
-    .venv/bin/python bench/bench_pool.py --vllm [--out bench/results/pool_vllm.json]
+    .venv/bin/python -m bench.bench_pool [--workloads mooncake,generated:pipeline]
+                                          [--repeat 3] [--out bench/results/pool.json]
+    .venv/bin/python -m bench.bench_pool --profile mooncake [--profile-policy belady]
 
-``--vllm`` measures the node agent's patched allocation path instead: the first 3000
-Mooncake requests (hash ids mapped to random 16-token blocks) driven through vLLM 0.32's
-real ``KVCacheManager`` (admit, decode as one allocation, free), stock and with the
-``lru`` policy attached by the plugin's patch, at 10 % of the unique blocks; it reports
-CPU microseconds per request for both and the difference per evicted block.
+The same allocation path through vLLM's real ``KVCacheManager``, stock and patched by the
+plugin, is ``bench.bench_vllm_patch``.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
-import json
 import platform
 import pstats
 import sys
 import time
-from pathlib import Path
 
 from anchorage import workloads
 from anchorage.policies.registry import make_policy
 from anchorage.sim.replay import replay
+from bench import harness
 
 FRACS = (0.05, 0.20)
 POLICIES = ("lru", "belady")
@@ -84,79 +79,6 @@ def profile(spec: str, policy: str) -> None:
     pstats.Stats(prof).sort_stats("tottime").print_stats(15)
 
 
-def vllm_patch_bench(repeat: int, n_requests: int = 3000) -> dict:
-    import random
-
-    import torch
-    from vllm.sampling_params import SamplingParams
-    from vllm.utils.hashing import sha256
-    from vllm.v1.core.kv_cache_manager import KVCacheManager
-    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-    from vllm.v1.request import Request
-
-    from anchorage.node_agent import vllm_block_pool
-    from anchorage.policies.lru import LRUPolicy
-
-    wl = workloads.load("mooncake")
-    bs, scale = 16, wl.block_size
-    rng = random.Random(0)
-    table: dict = {}
-    reqs = []
-    for c in wl.contexts[:n_requests]:
-        toks = []
-        for k in c.keys:
-            blk = table.get(k)
-            if blk is None:
-                blk = table[k] = [rng.randrange(1, 30000) for _ in range(bs)]
-            toks.extend(blk)
-        tail = c.input_length - (len(c.keys) - 1) * scale
-        prompt = (len(c.keys) - 1) * bs + max(1, min(bs, -(-tail * bs // scale)))
-        reqs.append((toks[:prompt], max(1, c.output_length * bs // scale)))
-    unique = len({k for c in wl.contexts[:n_requests] for k in c.keys})
-    capacity = max(300, unique // 10)
-    init_none_hash(sha256)
-    hasher = get_request_block_hasher(bs, sha256)
-    vllm_block_pool.install(None)
-
-    def one(driven: bool) -> tuple[float, int]:
-        spec = FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=8,
-                                 dtype=torch.float16)
-        cfg = KVCacheConfig(num_blocks=capacity + 1, kv_cache_tensors=[],
-                            kv_cache_groups=[KVCacheGroupSpec(["layers.0"], spec)])
-        mgr = KVCacheManager(cfg, max_model_len=1 << 20, scheduler_block_size=bs,
-                             hash_block_size=bs, enable_caching=True)
-        if driven:
-            vllm_block_pool.attach(mgr.block_pool, LRUPolicy())
-        # requests (and their block hashes) are built outside the timed region
-        objs = [Request(str(i), t, SamplingParams(max_tokens=o), None, block_hasher=hasher)
-                for i, (t, o) in enumerate(reqs)]
-        v0 = vllm_block_pool.STATS.victims + vllm_block_pool.STATS.stock_victims
-        t0 = time.process_time()
-        for req, (toks, out) in zip(objs, reqs):
-            blocks, hit, _ = mgr.get_computed_blocks(req)
-            if mgr.allocate_slots(req, len(toks) - hit, hit, blocks) is None:
-                continue
-            req.num_computed_tokens = len(toks)
-            if out > 1:
-                req.append_output_token_ids(list(range(10**7, 10**7 + out - 1)))
-                mgr.allocate_slots(req, out - 1)
-            mgr.free(req)
-        dt = time.process_time() - t0
-        return dt, vllm_block_pool.STATS.victims + vllm_block_pool.STATS.stock_victims - v0
-
-    stock_s = min(one(False)[0] for _ in range(repeat))
-    runs = [one(True) for _ in range(repeat)]
-    lru_s = min(r[0] for r in runs)
-    evicted = runs[0][1]
-    n = len(reqs)
-    return {"benchmark": "node_agent_patch", "workload": "mooncake[:%d] at 16-token blocks" % n,
-            "capacity_blocks": capacity, "requests": n, "evicted_blocks": evicted,
-            "stock_us_per_request": stock_s / n * 1e6, "lru_us_per_request": lru_s / n * 1e6,
-            "overhead_pct": (lru_s / stock_s - 1) * 100,
-            "extra_us_per_evicted_block": (lru_s - stock_s) / max(evicted, 1) * 1e6}
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workloads", default="mooncake,generated:pipeline")
@@ -164,26 +86,7 @@ def main() -> int:
     ap.add_argument("--out", default="bench/results/pool.json")
     ap.add_argument("--profile", metavar="WORKLOAD", help="profile one replay and exit")
     ap.add_argument("--profile-policy", default="lru", help="policy to profile (default lru)")
-    ap.add_argument("--vllm", action="store_true",
-                    help="benchmark the node agent's patched vLLM allocation path")
     args = ap.parse_args()
-    if args.vllm:
-        try:
-            res = vllm_patch_bench(args.repeat)
-        except (ImportError, workloads.WorkloadUnavailable) as exc:
-            print(f"[skip] vllm patch benchmark: {exc}", file=sys.stderr)
-            return 1
-        print(f"{res['workload']}, capacity {res['capacity_blocks']} blocks, "
-              f"{res['evicted_blocks']} evicted blocks")
-        print(f"stock vLLM  {res['stock_us_per_request']:8.1f} us/request (CPU)")
-        print(f"lru policy  {res['lru_us_per_request']:8.1f} us/request (CPU), "
-              f"{res['overhead_pct']:+.1f} %, {res['extra_us_per_evicted_block']:+.2f} us "
-              f"per evicted block")
-        out = args.out if args.out != "bench/results/pool.json" else "bench/results/pool_vllm.json"
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(res, indent=1) + "\n")
-        print(f"wrote {out}")
-        return 0
     if args.profile:
         profile(args.profile, args.profile_policy)
         return 0
@@ -200,20 +103,20 @@ def main() -> int:
             cap = max(1, int(wl.unique_blocks * frac))
             for pol in POLICIES:
                 rows.append(measure(wl, cap, pol, args.repeat))
-    head = (f"{'workload':<22}{'policy':<8}{'cap':>7}{'requests':>9}{'block ops':>11}"
-            f"{'hit rate':>9}{'req/s':>10}{'us/req':>8}{'us/blk op':>10}{'build ms':>9}")
-    print(head)
-    print("-" * len(head))
-    for r in rows:
-        print(f"{r['workload']:<22}{r['policy']:<8}{r['capacity_blocks']:>7}{r['requests']:>9}"
-              f"{r['block_ops']:>11}{r['hit_rate']:>9.2%}{r['requests_per_s']:>10.0f}"
-              f"{r['us_per_request']:>8.1f}{r['us_per_block_op']:>10.3f}{r['build_ms']:>9.1f}")
+    C = harness.Column
+    print(harness.table([C("workload", "workload", width=22, align="<"),
+                         C("policy", "policy", width=8, align="<"),
+                         C("cap", "capacity_blocks", width=7), C("requests", "requests", width=9),
+                         C("block ops", "block_ops", width=11),
+                         C("hit rate", "hit_rate", ".2%", width=9),
+                         C("req/s", "requests_per_s", ".0f", width=10),
+                         C("us/req", "us_per_request", ".1f", width=8),
+                         C("us/blk op", "us_per_block_op", ".3f", width=10),
+                         C("build ms", "build_ms", ".1f", width=9)], rows, sep="", rule=True))
     out = {"benchmark": "pool", "python": platform.python_version(),
            "machine": platform.machine(), "repeat": args.repeat, "rows": rows,
            "skipped": missing}
-    path = Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=1) + "\n")
+    path = harness.write_json(args.out, out)
     print(f"wrote {path}")
     return 0
 

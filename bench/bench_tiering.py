@@ -10,9 +10,9 @@ arrives when the previous one completed plus its tool time, or 0.3 s think time)
 Clients label agents (``agent_hint`` = the trace's agent; TokenCake reads the agent graph
 from the application). Workloads:
 
-- ``weka``: WEKA Claude Code sessions (``/work/shared/traces/weka_claude_code``, converter
-  ``anchorage.trace.convert.weka``), a seeded sample, 64-token blocks; KV capacity
-  ``--weka-kv-gib`` (default 40 GiB);
+- ``weka``: WEKA Claude Code sessions (``weka_claude_code`` under ``../shared/traces`` or
+  ``$ANCHORAGE_TRACES``, converter ``anchorage.trace.convert.weka``), a seeded sample,
+  64-token blocks; KV capacity ``--weka-kv-gib`` (default 40 GiB);
 - ``gen``: the generator's ``selector`` multi-agent topology (6 agents, tool calls with
   per-tool latencies), 16-token blocks; KV capacity ``--gen-kv-gib`` (default 16 GiB, as
   ``bench_timed``).
@@ -35,25 +35,20 @@ reported apart (``frontier`` in the JSON), against the same ``off`` and ``naive`
 
 Usage::
 
-    .venv/bin/python bench/bench_tiering.py [--quick] [--workloads weka,gen]
-        [--saving-ratios 6,6.5] [--jobs 2] [--out bench/results/tiering.json]
+    .venv/bin/python -m bench.bench_tiering [--quick] [--workloads weka,gen]
+        [--saving-ratios 6,6.5] [--jobs 2] [--ray-address ADDR] [--out bench/results/tiering.json]
+
+``--jobs N`` / ``--ray-address`` run the runs as Ray tasks (``bench.harness``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import math
-import os
 import platform
 import random
 import sys
 import time
 from dataclasses import replace
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from anchorage.sim.cluster import TimedConfig
 from anchorage.sim.profiles import get_profile
@@ -61,8 +56,10 @@ from anchorage.sim.replay import make_contexts
 from anchorage.tiering.host_tier import block_bytes
 from anchorage.tiering.sim import TieringConfig, run_tiered
 from anchorage.tiering.temporal import GateParams
+from anchorage.workloads import default_traces_dir
+from bench import harness
 
-TRACES = Path(os.environ.get("ANCHORAGE_TRACES", "/work/shared/traces"))
+TRACES = default_traces_dir()
 GIB = 1024 ** 3
 MODES = ("off", "tokencake", "naive")
 _WL: dict = {}
@@ -156,9 +153,9 @@ def main() -> int:
     ap.add_argument("--saving-ratios", default="",
                     help="extra tokencake runs at the middle rate, one per min_saving_ratio")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "tiering.json"))
+    ap.add_argument("--out", default=str(harness.RESULTS / "tiering.json"))
+    harness.add_fanout_args(ap)
     args = ap.parse_args()
     if args.quick:
         args.weka_sessions, args.gen_sessions = 8, 80
@@ -184,21 +181,7 @@ def main() -> int:
             for mode in ("off", "tokencake"):
                 jobs.append(dict(common, rate=mid, mode=mode, noise=s))
     t0 = time.perf_counter()
-    if args.jobs > 1:
-        import multiprocessing as mp
-        with mp.get_context("fork").Pool(args.jobs) as pool:
-            runs = pool.map(one_run, jobs, chunksize=1)
-    else:
-        runs = []
-        for j in jobs:
-            runs.append(one_run(j))
-            r = runs[-1]
-            print(f"  {j['workload']:<5} rate {j['rate']:<5} noise {j['noise']:<4} "
-                  f"{j['mode']:<10} " + (r["error"] if "error" in r else
-                                         f"ratio {j.get('saving_ratio') or 1:g}  "
-                                         f"session {r['session_time_mean_s']:.1f}s  "
-                                         f"moved {r['bytes_moved'] or 0:.3g} B  "
-                                         f"({r['wall_s']:.0f}s)"), flush=True)
+    runs = harness.run_jobs(one_run, jobs, harness.Fanout.from_args(args), on_result=progress)
     summary = summarize(runs)
     print(format_table(summary))
     frontier = summarize_frontier(runs)
@@ -208,20 +191,18 @@ def main() -> int:
            "router": "session", "replicas": 1, "args": vars(args),
            "machine": platform.node(), "wall_s": time.perf_counter() - t0,
            "summary": summary, "frontier": frontier, "runs": runs}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(clean(out), indent=1) + "\n")
+    harness.write_json(args.out, out)
     print(f"wrote {args.out}")
     return 0
 
 
-def clean(x):
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {str(k): clean(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [clean(v) for v in x]
-    return x
+def progress(j: dict, r: dict) -> None:
+    print(f"  {j['workload']:<5} rate {j['rate']:<5} noise {j['noise']:<4} "
+          f"{j['mode']:<10} " + (r["error"] if "error" in r else
+                                 f"ratio {j.get('saving_ratio') or 1:g}  "
+                                 f"session {r['session_time_mean_s']:.1f}s  "
+                                 f"moved {r['bytes_moved'] or 0:.3g} B  "
+                                 f"({r['wall_s']:.0f}s)"), flush=True)
 
 
 def summarize_frontier(runs: list[dict]) -> list[dict]:
@@ -249,14 +230,13 @@ def summarize_frontier(runs: list[dict]) -> list[dict]:
 
 
 def format_frontier(rows: list[dict]) -> str:
-    head = (f"{'workload':<9}{'rate/s':>7}{'ratio':>7}{'session s':>11}{'latency':>9}"
-            f"{'bytes vs naive':>15}{'host hit':>9}")
-    lines = ["benefit-per-byte frontier (tokencake, middle rate):", head]
-    for r in rows:
-        lines.append(f"{r['workload']:<9}{r['rate']:>7}{r['min_saving_ratio']:>7g}"
-                     f"{r['session_s']:>11.1f}{-r['latency_reduction']:>+9.1%}"
-                     f"{r['bytes_ratio']:>15.3f}{r['host_hit_rate']:>9.1%}")
-    return "\n".join(lines)
+    C = harness.Column
+    return "benefit-per-byte frontier (tokencake, middle rate):\n" + harness.table([
+        C("workload", "workload", width=9, align="<"), C("rate/s", "rate", width=7),
+        C("ratio", "min_saving_ratio", "g", 7), C("session s", "session_s", ".1f", 11),
+        C("latency", lambda r: -r["latency_reduction"], "+.1%", 9),
+        C("bytes vs naive", "bytes_ratio", ".3f", 15),
+        C("host hit", "host_hit_rate", ".1%", 9)], rows, sep="")
 
 
 def summarize(runs: list[dict]) -> list[dict]:
@@ -302,22 +282,21 @@ def summarize(runs: list[dict]) -> list[dict]:
 
 
 def format_table(rows: list[dict]) -> str:
-    head = (f"{'workload':<9}{'rate/s':>7}{'noise':>6}{'off s':>9}{'tokencake s':>12}"
-            f"{'naive s':>9}{'latency':>9}{'bytes vs naive':>15}{'host hit':>9}  targets")
-    lines = [head, "-" * len(head)]
-
-    def f(v, spec):
-        return format(v, spec) if isinstance(v, (int, float)) and v == v else "-"
-    for r in rows:
-        if "error" in r:
-            lines.append(f"{r['workload']:<9}{r['rate']:>7}{r['noise']:>6}  error: {r['error']}")
-            continue
-        lines.append(
-            f"{r['workload']:<9}{r['rate']:>7}{r['noise']:>6}{f(r['session_s_off'], '>9.1f')}"
-            f"{f(r['session_s_tokencake'], '>12.1f')}{f(r.get('session_s_naive'), '>9.1f')}"
-            f"{f(-r['latency_reduction'], '>+9.1%')}{f(r.get('bytes_ratio'), '>15.2f')}"
-            f"{f(r['host_hit_rate_tokencake'], '>9.1%')}  "
-            + ("" if "targets_met" not in r else "met" if r["targets_met"] else "missed"))
+    C = harness.Column
+    ok = [r for r in rows if "error" not in r]
+    lines = [harness.table([
+        C("workload", "workload", width=9, align="<"), C("rate/s", "rate", width=7),
+        C("noise", "noise", width=6), C("off s", "session_s_off", ".1f", 9),
+        C("tokencake s", "session_s_tokencake", ".1f", 12),
+        C("naive s", lambda r: r.get("session_s_naive"), ".1f", 9),
+        C("latency", lambda r: -r["latency_reduction"], "+.1%", 9),
+        C("bytes vs naive", lambda r: r.get("bytes_ratio"), ".2f", 15),
+        C("host hit", "host_hit_rate_tokencake", ".1%", 9),
+        C("  targets", lambda r: "" if "targets_met" not in r else
+          "  met" if r["targets_met"] else "  missed", align="<")],
+        ok, sep="", rule=True)]
+    lines += [f"{r['workload']:<9}{r['rate']:>7}{r['noise']:>6}  error: {r['error']}"
+              for r in rows if "error" in r]
     lines.append("targets: tokencake session latency <= -20 % vs hybrid without tiering; "
                  "bytes moved <= 0.5 x naive")
     return "\n".join(lines)

@@ -29,8 +29,8 @@ until the last session start).
 
 Usage::
 
-    .venv/bin/python bench/bench_timed.py [--quick] [--policies lru,arc,...]
-        [--slots 16,32,64,128,256] [--sessions-per-slot 3] [--jobs 2]
+    .venv/bin/python -m bench.bench_timed [--quick] [--policies lru,arc,...]
+        [--slots 16,32,64,128,256] [--sessions-per-slot 3] [--jobs 2] [--ray-address ADDR]
         [--topology selector] [--seeds 1,2,3] [--output-scale 1]
         [--capacity-blocks 8192] [--tool-gaps generator|weka]
         [--out bench/results/timed.json]
@@ -38,6 +38,8 @@ Usage::
 Runs are deterministic for a seed; a policy that raises is reported as an error row.
 ``--merge a.json,b.json --out c.json`` combines files of one sweep run with different
 ``--seeds`` (e.g. one process per seed) into the file one run with all the seeds writes.
+``--jobs N`` / ``--ray-address`` run the (seed, N, policy) runs as Ray tasks
+(``bench.harness``).
 """
 
 from __future__ import annotations
@@ -45,21 +47,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import platform
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from anchorage.policies.registry import policy_names  # noqa: E402
-from anchorage.sim.cluster import TimedConfig, run_timed  # noqa: E402
-from anchorage.sim.gaps import TOOL_GAPS, closed_loop_gaps_s, match_tool_gaps  # noqa: E402
-from anchorage.sim.profiles import get_profile  # noqa: E402
-from anchorage.sim.replay import make_contexts  # noqa: E402
+from anchorage.policies.registry import policy_names
+from anchorage.sim.cluster import TimedConfig, run_timed
+from anchorage.sim.gaps import TOOL_GAPS, closed_loop_gaps_s, match_tool_gaps
+from anchorage.sim.profiles import get_profile
+from anchorage.sim.replay import make_contexts
+from bench import harness
 
 DEFAULT_POLICIES = ["lru", "arc", "s3fifo", "lfu", "ttl", "infercept", "cachescout",
                     "cachewise", "hybrid"]
@@ -136,13 +135,13 @@ def main() -> int:
     ap.add_argument("--tool-gaps", default="generator", choices=sorted(TOOL_GAPS),
                     help="tool-gap distribution: the generator's own, or mapped onto the "
                          "real WEKA Claude Code gaps (anchorage.sim.gaps)")
-    ap.add_argument("--jobs", type=int, default=1, help="parallel worker processes")
     ap.add_argument("--quick", action="store_true", help="3 light loads, fewer sessions")
     ap.add_argument("--merge", default=None,
                     help="comma-separated result files of the same sweep run with different "
                          "--seeds (e.g. in parallel): write their combined summary to --out "
                          "and run nothing")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "timed.json"))
+    ap.add_argument("--out", default=str(harness.RESULTS / "timed.json"))
+    harness.add_fanout_args(ap)
     args = ap.parse_args()
     if args.merge:
         return merge([p for p in args.merge.split(",") if p], args.out)
@@ -176,19 +175,7 @@ def main() -> int:
             for seed in seeds for n in scales for p in policies]
     t0 = time.perf_counter()
     load_avg = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    if args.jobs > 1:
-        import multiprocessing as mp
-        with mp.get_context("fork").Pool(args.jobs) as pool:
-            runs = pool.map(one_run, jobs, chunksize=1)
-    else:
-        runs = []
-        for j in jobs:
-            runs.append(one_run(j))
-            r = runs[-1]
-            print(f"  seed {j['seed']} N={j['slots']:<5} {j['policy']:<11} "
-                  + (r["error"] if "error" in r else
-                     f"{r['throughput_rps']:.2f} turns/s  TTFT {r['ttft_mean_s']:.3f}s  "
-                     f"hit {r['hit_rate']:.1%}  ({r['cpu_s']:.0f}s CPU)"), flush=True)
+    runs = harness.run_jobs(one_run, jobs, harness.Fanout.from_args(args), on_result=progress)
     summary = summarize_seeds(runs, policies, scales, seeds)
     print(format_table(summary, args))
     out = {
@@ -207,14 +194,20 @@ def main() -> int:
         "per_seed": summary["per_seed"],
         "runs": runs,  # with per_replica: load imbalance explains TTFT tails
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(clean(out), indent=1) + "\n")
+    harness.write_json(args.out, out)
     print(f"wrote {args.out}")
     return 0
 
 
+def progress(j: dict, r: dict) -> None:
+    print(f"  seed {j['seed']} N={j['slots']:<5} {j['policy']:<11} "
+          + (r["error"] if "error" in r else
+             f"{r['throughput_rps']:.2f} turns/s  TTFT {r['ttft_mean_s']:.3f}s  "
+             f"hit {r['hit_rate']:.1%}  ({r['cpu_s']:.0f}s CPU)"), flush=True)
+
+
 _PER_RUN = {"seeds", "wall_s", "cpu_s", "load_avg_start", "machine", "saturation_slots",
-            "policies", "per_seed", "runs", "merged_from"}
+            "policies", "per_seed", "runs", "merged_from", "meta"}
 
 
 def merge(paths: list[str], out_path: str) -> int:
@@ -254,20 +247,9 @@ def merge(paths: list[str], out_path: str) -> int:
            "cpu_s": sum(d.get("cpu_s", 0.0) for d in docs),
            "saturation_slots": summary["saturation_scale"],
            "policies": summary["policies"], "per_seed": summary["per_seed"], "runs": runs}
-    Path(out_path).parent.mkdir(parents=True, exist_ok=True)
-    Path(out_path).write_text(json.dumps(clean(out), indent=1) + "\n")
+    harness.write_json(out_path, out)
     print(f"wrote {out_path}")
     return 0
-
-
-def clean(x):
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: clean(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [clean(v) for v in x]
-    return x
 
 
 def summarize(runs: list[dict], policies: list[str], scales: list[float]) -> dict:
@@ -357,34 +339,36 @@ def summarize_seeds(runs: list[dict], policies: list[str], scales: list[float],
 
 def format_table(summary: dict, args) -> str:
     sat = summary["saturation_scale"]
-    head = (f"{'policy':<12}{'hit rate':>9}{'TTFT mean':>11}{'p90':>9}{'p99':>9}"
-            f"{'turns/s':>9}{'peak/s':>9}{'TTFT vs lru':>13}{'peak vs lru':>13}")
+
+    def note(d: dict) -> str:
+        out = ("  target met" if d.get("target_met") else
+               "  target missed" if "target_met" in d else "")
+        if "spread" in d:
+            sp = d["spread"]
+            out += ("  per seed: TTFT " + "/".join(format(x, "+.1%") for x in sp["ttft_vs_lru_per_seed"])
+                    + " peak " + "/".join(format(x, "+.1%") for x in sp["peak_vs_lru_per_seed"]))
+        return out
+    C = harness.Column
+    ok = [dict(d, name=p) for p, d in summary["policies"].items() if "error" not in d]
+    table = harness.table([
+        C("policy", "name", width=12, align="<"), C("hit rate", "hit_rate", ".1%", 9),
+        C("TTFT mean", lambda d: f"{d['ttft_mean_s']:.3f}s", width=11),
+        C("p90", lambda d: f"{d['ttft_p90_s']:.3f}s", width=9),
+        C("p99", lambda d: f"{d['ttft_p99_s']:.3f}s", width=9),
+        C("turns/s", "throughput_rps", ".2f", 9), C("peak/s", "peak_throughput_rps", ".2f", 9),
+        C("TTFT vs lru", lambda d: None if d.get("ttft_reduction_vs_lru") is None
+          else -d["ttft_reduction_vs_lru"], "+.1%", 13, missing=""),
+        C("peak vs lru", lambda d: d.get("peak_gain_vs_lru"), "+.1%", 13, missing=""),
+        C("", note, align="<")], ok, sep="", rule=True)
     lines = [f"timed: {args.replicas} x {args.profile}, {args.router}, {args.topology} "
              f"closed-loop, {args.admission} admission, "
              f"{args.capacity_blocks or 'all'} blocks/replica, output x "
              f"{args.output_scale:g}, {args.tool_gaps} tool gaps, "
              f"seeds {args.seeds if args.seed is None else args.seed} "
              f"(means); near saturation = N {sat} concurrent sessions "
-             f"(columns at N {sat}; peak over N = {args.slots})", head,
-             "-" * len(head)]
-    for p, d in summary["policies"].items():
-        if "error" in d:
-            lines.append(f"{p:<12}error: {d['error']}")
-            continue
-        red = d.get("ttft_reduction_vs_lru")
-        gain = d.get("peak_gain_vs_lru")
-        lines.append(
-            f"{p:<12}{d['hit_rate']:>9.1%}{d['ttft_mean_s']:>10.3f}s{d['ttft_p90_s']:>8.3f}s"
-            f"{d['ttft_p99_s']:>8.3f}s{d['throughput_rps']:>9.2f}{d['peak_throughput_rps']:>9.2f}"
-            f"{'' if red is None else format(-red, '+.1%'):>13}"
-            f"{'' if gain is None else format(gain, '+.1%'):>13}"
-            + ("  target met" if d.get("target_met") else
-               "  target missed" if "target_met" in d else "")
-            + (("  per seed: TTFT " + "/".join(format(x, "+.1%") for x in
-                                              d["spread"]["ttft_vs_lru_per_seed"])
-                + " peak " + "/".join(format(x, "+.1%") for x in
-                                      d["spread"]["peak_vs_lru_per_seed"]))
-               if "spread" in d else ""))
+             f"(columns at N {sat}; peak over N = {args.slots})", table]
+    lines += [f"{p:<12}error: {d['error']}" for p, d in summary["policies"].items()
+              if "error" in d]
     lines.append("target (issue 3): hybrid TTFT <= -30 % and peak >= +20 % vs lru")
     return "\n".join(lines)
 

@@ -1,4 +1,5 @@
-"""Exploration runs behind BENCHMARKS.md section 3 that ``bench_timed.py`` does not sweep.
+"""Exploration runs of the timed cluster simulation that ``bench_timed`` does not sweep
+(``docs/research/benchmarks-timed.md``).
 
 Two single-point experiments of the timed cluster simulation (4 ``h200-llama3-8b``
 replicas, closed loop), printed as one line per policy; each is one run, deterministic for
@@ -20,9 +21,9 @@ closed-loop gaps (``anchorage.sim.gaps.closed_loop_gaps_s``).
 
 Usage::
 
-    .venv/bin/python bench/timed_explore.py replayed-belady --tool-gaps weka --slots 256 \
+    .venv/bin/python -m bench.timed_explore replayed-belady --tool-gaps weka --slots 256 \
         --seed 1 [--router session] [--policies belady] [--capacity-blocks 8192]
-    .venv/bin/python bench/timed_explore.py weka-sessions --slots 32 --seed 1 \
+    .venv/bin/python -m bench.timed_explore weka-sessions --slots 32 --seed 1 \
         [--policies lru,hybrid,inf] [--sessions 64]
 """
 
@@ -33,18 +34,13 @@ import random
 import sys
 import time
 from dataclasses import replace
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-import bench_timed
 
 from anchorage.sim.cluster import TimedConfig, simulate_timed
 from anchorage.sim.gaps import closed_loop_gaps_s
 from anchorage.sim.profiles import get_profile
 from anchorage.sim.replay import make_contexts
+from anchorage.workloads import default_traces_dir
+from bench import bench_timed
 
 MAX_TOOL_GAP_MS = 1.8e6  # 30 minutes: a longer gap is a human away
 
@@ -134,7 +130,7 @@ def main() -> int:
     ws.add_argument("--seed", type=int, default=1)
     ws.add_argument("--sessions", type=int, default=0, help="default 2 x slots")
     ws.add_argument("--policies", default="lru,hybrid,inf")
-    ws.add_argument("--traces", default=str(ROOT.parent / "shared" / "traces" / "weka_claude_code"))
+    ws.add_argument("--traces", default=str(default_traces_dir() / "weka_claude_code"))
     for p in (rb, ws):
         p.add_argument("--replicas", type=int, default=4)
         p.add_argument("--profile", default="h200-llama3-8b")

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+INGRESS = ("haproxy", "serve")
+
 
 @dataclass
 class RouterConfig:
@@ -14,23 +16,34 @@ class RouterConfig:
     model: str | None = None               # /v1/models fallback when no replica answers
     # request keys
     block_size: int = 16                   # token-id prompts: tokens per block
-    chars_per_block: int = 64              # text prompts: characters per block (approx.)
+    chars_per_block: int = 64              # text prompts without a tokenizer: characters per block
+    tokenizer: str = ""                    # local model dir: key text and chat prompts by tokens
     tenant_secret: str = ""                # keys the tenant id and cache_salt hashes
     upstream_api_key: str = ""             # sent to replicas (vLLM --api-key); never the client's
-    # limits
+    trusted_token: str = ""                # x-anchorage-internal: callers that may mark warm-ups
+    # limits (each breach is a 4xx with an OpenAI error object)
     max_body_bytes: int = 4 * 1024 * 1024
     max_prompt_chars: int = 2_000_000
+    max_header_bytes: int = 16 * 1024      # all request headers together (431)
+    max_session_id_chars: int = 256
+    max_hint_chars: int = 256              # anchorage.agent, anchorage.tool_name
+    max_tool_args_chars: int = 8192        # anchorage.tool_args, as JSON text
+    max_n: int = 16                        # n and best_of
+    max_json_depth: int = 64
+    body_timeout_s: float = 30.0           # the whole body must arrive within this (408)
+    vocab_size: int = 0                    # token ids must be < this (0: unchecked)
+    vocab_sizes: dict[str, int] = field(default_factory=dict)   # per served model name
     max_inflight_per_replica: int = 64     # every healthy replica at this -> 429
     retry_after_s: int = 1
     # upstream
     connect_timeout_s: float = 2.0
     read_timeout_s: float = 600.0
     max_connections: int = 256
-    retries: int = 2                       # extra attempts on connect errors / 5xx
+    retries: int = 2                       # extra attempts after a connect error
     # health
     health_interval_s: float = 2.0
     health_timeout_s: float = 1.0
-    eject_after_failures: int = 2
+    eject_after_failures: int = 2          # transport failures of distinct requests
     # discovery: "static" or "kubernetes"
     discovery: str = "static"
     k8s_namespace: str = "default"
@@ -42,6 +55,14 @@ class RouterConfig:
     kv_events: dict[str, str] = field(default_factory=dict)
     kv_events_port: int = 0
     kv_events_topic: str = "kv"
+    # the operator's anchorage.yaml: one file, or a directory of <model>/anchorage.yaml
+    config_file: str = ""
+    config_dir: str = ""
+    config_poll_s: float = 2.0
+    # hosting (Ray Serve): router replicas, the ingress in front of them, shared state
+    num_replicas: int = 1
+    ingress: str = "haproxy"               # haproxy (Serve's HAProxy + direct ingress) | serve
+    sync_interval_s: float = 0.05          # decisions shared between router replicas
     actor_name: str = "anchorage-routing-state"
 
     def validate(self) -> "RouterConfig":
@@ -54,16 +75,23 @@ class RouterConfig:
             if not u.startswith(("http://", "https://")):
                 raise ValueError(f"replica URL must start with http:// or https://: {u!r}")
         for name in ("block_size", "chars_per_block", "max_body_bytes", "max_inflight_per_replica",
-                     "eject_after_failures"):
+                     "eject_after_failures", "max_header_bytes", "max_session_id_chars",
+                     "max_hint_chars", "max_tool_args_chars", "max_n", "max_json_depth",
+                     "body_timeout_s", "num_replicas", "sync_interval_s", "config_poll_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
-        if self.retries < 0:
-            raise ValueError("retries must be >= 0")
+        if self.retries < 0 or self.vocab_size < 0:
+            raise ValueError("retries and vocab_size must be >= 0")
+        if self.ingress not in INGRESS:
+            raise ValueError(f"ingress must be one of {', '.join(INGRESS)}, not {self.ingress!r}")
         make_router(self.policy, **self.policy_params)   # raises ValueError with a message
         return self
 
+    def vocab_for(self, model: str | None) -> int:
+        return self.vocab_sizes.get(model or "", self.vocab_size)
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        for secret in ("tenant_secret", "upstream_api_key"):
+        for secret in ("tenant_secret", "upstream_api_key", "trusted_token"):
             d[secret] = "***" if d[secret] else ""
         return d

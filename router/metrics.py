@@ -1,5 +1,9 @@
-"""The router's Prometheus series (``anchorage_router_*``), in one private registry owned
-by the shared routing state, so every router replica serves the fleet-wide numbers."""
+"""The router's Prometheus series (``anchorage_router_*``), in one private registry per
+router process (each replica serves its own counts; Prometheus sums them).
+
+The ``replica`` label is the upstream's pod name when discovery knows it (the Endpoints'
+or EndpointSlice's ``targetRef``), its URL otherwise (static replicas); when a replica
+leaves, every series of it is deleted (``forget_replica``)."""
 
 from __future__ import annotations
 
@@ -35,6 +39,30 @@ class RouterMetrics:
                                    "Estimated prefill tokens queued per replica (sent, no "
                                    "first byte yet, less predicted cache hits)",
                                    ["replica"], registry=r)
+
+        self.peer_staleness = Histogram(
+            "anchorage_router_peer_staleness_seconds",
+            "Age of another router replica's decision when this one applied it",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5), registry=r)
+        self.peer_decisions = Counter("anchorage_router_peer_decisions",
+                                      "Decisions of other router replicas applied here", registry=r)
+        self.peer_lost = Counter("anchorage_router_peer_batches_lost",
+                                 "Batches of peer decisions dropped before this replica read them",
+                                 registry=r)
+        self.peer_sync_errors = Counter("anchorage_router_peer_sync_errors",
+                                        "Failed exchanges with the shared routing state", registry=r)
+        self.config_generation = Gauge("anchorage_router_config_generation",
+                                       "Generation of the operator's document in force",
+                                       ["model"], registry=r)
+        self.config_rejected = Counter("anchorage_router_config_rejected",
+                                       "Operator documents the router refused to apply",
+                                       ["model"], registry=r)
+
+    def forget_replica(self, replica: str) -> None:
+        """Delete every series labelled ``replica=<replica>``."""
+        for m in (self.requests, self.predicted, self.observed, self.prompt, self.retries,
+                  self.ejections, self.healthy, self.inflight, self.queued_tokens):
+            m.remove_by_labels({"replica": replica})
 
     def text(self) -> bytes:
         return generate_latest(self.registry)

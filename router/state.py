@@ -1,12 +1,18 @@
-"""The routing state shared by every router replica: one object, hosted in one named Ray
-actor (``app.RoutingStateActor``), so all replicas see the same sessions, prefix model and
-in-flight counts (per-process state would herd each replica onto its own "best" backend).
+"""Step 4 of a request: the routing state of one router process, consulted in-process
+(no actor call per request). Router replicas share it asynchronously (``sync``): each
+one's decisions and in-flight counts reach the others within a bounded, measured delay,
+and every replica reads the engines' own truth (scraped gauges, KV events) itself, so
+replicas do not herd onto their own "best" backend.
 
-It owns: the upstream table (stable id, URL, health, in-flight, scraped queue and KV
-usage, estimated queued prefill tokens), the routing policy (``anchorage.routing``), admission (429 when every healthy
-replica is at ``max_inflight_per_replica``), passive and active health (ejection after
-``eject_after_failures`` consecutive failures, readmission on a good probe) and the
-metrics. It is plain Python: unit-testable without Ray; the actor only wraps it.
+It owns: the upstream table (stable id, URL, served models, health, in-flight here and
+at peers, scraped queue and KV usage, estimated queued prefill tokens), one routing
+policy per model (``anchorage.routing``; the operator's document may set a model's),
+admission (429 when every healthy replica of the model is at
+``max_inflight_per_replica``), passive health (ejection after ``eject_after_failures``
+transport failures or timeouts of distinct requests, none in between answered; an answer,
+even a 5xx, is the replica working) with readmission on a good probe (``health``), which
+forgets the policy's model of that replica (its cache was lost), and the metrics. Plain
+Python: unit-testable without Ray.
 
 Load signal handed to the policy (``ReplicaView``), per replica:
 
@@ -24,7 +30,6 @@ Load signal handed to the policy (``ReplicaView``), per replica:
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import logging
 import time
@@ -49,13 +54,18 @@ _GAUGES = {"vllm:num_requests_waiting": "waiting", "vllm:num_requests_running": 
 class Upstream:
     id: int
     url: str
+    name: str = ""             # the ``replica`` label: its pod's name when discovered, else the URL
     healthy: bool = True
     inflight: int = 0
     waiting: int = 0           # scraped
     running: int = 0           # scraped
     kv_usage: float = 0.0      # scraped
     queued_tokens: int = 0     # estimated: prompts sent, no first byte yet
-    failures: int = 0          # consecutive
+    failures: int = 0          # transport failures of distinct requests since an answer
+    peer_inflight: int = 0     # in flight from the other router replicas (sync)
+    models: tuple = ()         # served model ids (from the replica's /v1/models)
+    model_entries: tuple = ()  # the replica's /v1/models data entries
+    ejected_once: bool = False # ejected since added: readmission forgets its model
 
 
 def parse_vllm_gauges(text: str) -> dict[str, float]:
@@ -67,34 +77,48 @@ class RoutingState:
     def __init__(self, config: dict[str, Any] | RouterConfig) -> None:
         self.cfg = config if isinstance(config, RouterConfig) else RouterConfig(**config)
         self.router = make_router(self.cfg.policy, **self.cfg.policy_params)
+        self.model_routers: dict[str, Any] = {}          # model -> router (operator's doc)
+        self.model_policies: dict[str, tuple[str, dict]] = {}
         self.metrics = RouterMetrics()
         self.upstreams: dict[int, Upstream] = {}
+        self._by_url: dict[str, Upstream] = {}
         self._next_id = 0
-        self._health_task: asyncio.Task | None = None
         self.translator = VLLMEventTranslator()
         self._kv_inbox: collections.deque = collections.deque()   # (url, events), any thread
         self.kv_events_applied = 0
-        self._prefill: dict[tuple[int, int], int] = {}   # (replica, request id) -> tokens
+        self._prefill: dict[tuple[int, Any], int] = {}   # (replica, request id) -> tokens
+        self.outbox: list | None = None      # decisions for the peers (set by sync)
+        self._models: set[str] = set()       # every model some replica reported
         self.set_replicas(self.cfg.replicas)
 
     # -- membership -----------------------------------------------------------------
-    def set_replicas(self, urls: Iterable[str]) -> None:
+    def set_replicas(self, urls: Iterable[str], names: dict[str, str] | None = None) -> None:
+        """The replicas are now ``urls``; ``names`` (URL -> pod name, from discovery) label
+        their series. A removed replica's series are deleted."""
+        names = names or {}
         want = list(dict.fromkeys(u.rstrip("/") for u in urls))
-        have = {u.url: u for u in self.upstreams.values()}
+        have = dict(self._by_url)
         for url in want:
             if url not in have:
-                up = Upstream(self._next_id, url)
+                up = Upstream(self._next_id, url, names.get(url) or url)
                 self.upstreams[up.id] = up
+                self._by_url[url] = up
                 self._next_id += 1
-                self.metrics.healthy.labels(url).set(1)
-                log.info("replica added: %s", url)
+                self.metrics.healthy.labels(up.name).set(1)
+                log.info("replica added: %s (%s)", up.name, url)
         for url, up in have.items():
             if url not in want:
                 del self.upstreams[up.id]
-                self.router.on_replica_removed(up.id)
-                self.translator.forget(up.id)
-                self.metrics.healthy.labels(url).set(0)
-                log.info("replica removed: %s", url)
+                del self._by_url[url]
+                self._forget_replica(up.id)
+                self._models = {m for u in self.upstreams.values() for m in u.models}
+                self.metrics.forget_replica(up.name or url)
+                log.info("replica removed: %s (%s)", up.name, url)
+
+    def _forget_replica(self, rid: int) -> None:
+        for r in {id(x): x for x in [self.router, *self.model_routers.values()]}.values():
+            r.on_replica_removed(rid)
+        self.translator.forget(rid)
 
     def kv_endpoints(self) -> dict[str, str]:
         """Replica URL -> ZMQ endpoint of its KV event publisher (config)."""
@@ -112,53 +136,112 @@ class RoutingState:
         self._kv_inbox.append((url, events))
 
     def apply_kv_events(self) -> None:
-        """Feed queued vLLM events to the policy (on the state's own thread)."""
-        by_url = {u.url: u.id for u in self.upstreams.values()}
+        """Feed queued vLLM events to the policies (on the state's own thread)."""
         while self._kv_inbox:
             url, events = self._kv_inbox.popleft()
-            rid = by_url.get(url)
-            if rid is None:
+            up = self._by_url.get(url)
+            if up is None:
                 continue
+            router = self.router_for(up.models[0] if up.models else None)
             for raw in events:
-                for ev in self.translator.translate(rid, raw):
-                    self.router.on_kv_event(rid, ev)
+                for ev in self.translator.translate(up.id, raw):
+                    router.on_kv_event(up.id, ev)
                     self.kv_events_applied += 1
+
+    # -- policies per model -----------------------------------------------------------
+    def router_for(self, model: str | None):
+        return self.model_routers.get(model, self.router) if model else self.router
+
+    def set_policy(self, model: str | None, name: str, params: dict[str, Any]) -> bool:
+        """Route ``model`` (None: every model without its own) with a new policy; False
+        when unchanged. Raises ValueError for an unknown policy or bad parameters (the
+        current policy then stays)."""
+        current = ((self.cfg.policy, self.cfg.policy_params) if model is None
+                   else self.model_policies.get(model))
+        if current == (name, params):
+            return False
+        router = make_router(name, **params)
+        if model is None:
+            self.router = router
+            self.cfg.policy, self.cfg.policy_params = name, dict(params)
+        else:
+            self.model_routers[model] = router
+            self.model_policies[model] = (name, dict(params))
+        log.info("routing policy for %s: %s %s", model or "every model", name, params)
+        return True
+
+    def set_models(self, up: Upstream, entries: list[dict[str, Any]]) -> None:
+        """What ``up`` serves (its ``/v1/models`` data entries)."""
+        entries = [e for e in entries if isinstance(e, dict) and isinstance(e.get("id"), str)]
+        up.model_entries = tuple(entries)
+        up.models = tuple(e["id"] for e in entries)
+        self._models = {m for u in self.upstreams.values() for m in u.models}
+
+    def model_list(self) -> list[dict[str, Any]]:
+        """Every model some replica serves (first replica's entry per id)."""
+        seen: dict[str, dict] = {}
+        for u in self.upstreams.values():
+            for e in u.model_entries:
+                seen.setdefault(e["id"], e)
+        return list(seen.values())
 
     def _views(self, ups: list[Upstream]) -> list[ReplicaView]:
         cap = self.cfg.max_inflight_per_replica
-        return [ReplicaView(index=u.id, name=u.url, healthy=u.inflight < cap,
-                            running=max(u.inflight, u.running + u.waiting) - u.waiting,
-                            waiting=u.waiting, kv_usage=u.kv_usage,
-                            queued_tokens=u.queued_tokens)
-                for u in ups]
+        out = []
+        for u in ups:
+            mine = u.inflight + u.peer_inflight
+            out.append(ReplicaView(index=u.id, name=u.url, healthy=mine < cap,
+                                   running=max(mine, u.running + u.waiting) - u.waiting,
+                                   waiting=u.waiting, kv_usage=u.kv_usage,
+                                   queued_tokens=u.queued_tokens))
+        return out
 
     # -- decisions ------------------------------------------------------------------
     def pick(self, ctx: RequestContext, exclude: Iterable[int] = (),
-             tokens_per_key: float = 1.0) -> dict[str, Any]:
+             tokens_per_key: float = 1.0, model: str | None = None,
+             prefer: str | None = None) -> dict[str, Any]:
         self.apply_kv_events()
         ex = set(exclude)
-        ups = [u for u in self.upstreams.values() if u.healthy and u.id not in ex]
+        known = self._models
+        if model and known and model not in known:
+            return {"status": "no_model"}
+        ups = [u for u in self.upstreams.values() if u.healthy and u.id not in ex
+               and (not model or not known or model in u.models)]
         if not ups:
             return {"status": "unavailable"}
-        if all(u.inflight >= self.cfg.max_inflight_per_replica for u in ups):
+        cap = self.cfg.max_inflight_per_replica
+        if all(u.inflight + u.peer_inflight >= cap for u in ups):
             return {"status": "saturated", "retry_after_s": self.cfg.retry_after_s}
-        views = self._views(ups)
-        t0 = time.perf_counter()
-        try:
-            p = self.router.pick(ctx, views)
-        except NoReplicaError:
-            return {"status": "unavailable"}
-        self.metrics.decision.observe(time.perf_counter() - t0)
-        up = ups[p]
-        predicted = int(self.router.predicted_hit_blocks(ctx, up.id) * tokens_per_key)
-        self.router.on_start(ctx, up.id)
+        router = self.router_for(model)
+        pinned = [i for i, u in enumerate(ups) if u.url == prefer and u.inflight < cap]
+        if pinned:                 # e.g. the replica holding a previous response
+            up = ups[pinned[0]]
+        else:
+            views = self._views(ups)
+            t0 = time.perf_counter()
+            try:
+                p = router.pick(ctx, views)
+            except NoReplicaError:
+                return {"status": "unavailable"}
+            self.metrics.decision.observe(time.perf_counter() - t0)
+            up = ups[p]
+        predicted = int(router.predicted_hit_blocks(ctx, up.id) * tokens_per_key)
+        router.on_start(ctx, up.id)
+        if self.outbox is not None:
+            self.outbox.append((up.url, model, ctx))
         prefill = max(0, int(ctx.input_length) - predicted)
         self._prefill[(up.id, ctx.request_id)] = prefill
         up.queued_tokens += prefill
-        self.metrics.queued_tokens.labels(up.url).set(up.queued_tokens)
         up.inflight += 1
-        self.metrics.inflight.labels(up.url).set(up.inflight)
         return {"status": "ok", "replica": up.id, "url": up.url, "predicted_tokens": predicted}
+
+    def on_peer_start(self, url: str, model: str | None, ctx: RequestContext) -> bool:
+        """Another router replica sent ``ctx`` to ``url``: the policy follows it."""
+        up = self._by_url.get(url)
+        if up is None:
+            return False
+        self.router_for(model).on_peer_start(ctx, up.id)
+        return True
 
     def first_byte(self, ctx: RequestContext, replica: int) -> None:
         """The replica started answering ``ctx`` (its prefill is done): its prompt leaves
@@ -167,32 +250,35 @@ class RoutingState:
         up = self.upstreams.get(replica)
         if tokens is not None and up is not None:
             up.queued_tokens = max(0, up.queued_tokens - tokens)
-            self.metrics.queued_tokens.labels(up.url).set(up.queued_tokens)
 
     def finish(self, ctx: RequestContext, replica: int, outcome: str,
-               usage: dict[str, Any] | None = None, predicted_tokens: int = 0) -> None:
-        """A request attempt ended. ``outcome``: ok, client_error, upstream_error,
-        connect_error, retried, cancelled (the client left)."""
+               usage: dict[str, Any] | None = None, predicted_tokens: int = 0,
+               model: str | None = None) -> None:
+        """A request attempt ended. ``outcome``: ok, client_error (4xx answer),
+        server_error (5xx answer: the request's failure, not the replica's), connect_error
+        (never reached it), upstream_error (connection lost after sending), timeout,
+        cancelled (the client left)."""
         self.first_byte(ctx, replica)
         up = self.upstreams.get(replica)
-        url = up.url if up else f"removed-{replica}"
+        url = (up.name or up.url) if up else "removed"   # (its series were deleted with it)
         if up is not None:
             up.inflight = max(0, up.inflight - 1)
-            self.metrics.inflight.labels(url).set(up.inflight)
-            self.router.on_finish(ctx, replica)
-            if outcome in ("ok", "client_error"):
+            self.router_for(model).on_finish(ctx, replica)
+            if outcome in ("ok", "client_error", "server_error"):
                 up.failures = 0
-            elif outcome in ("upstream_error", "connect_error", "retried"):
+            elif outcome in TRANSPORT_FAILURES:
                 self._failure(up)
         self.metrics.requests.labels(url, self.cfg.policy, outcome).inc()
-        if outcome == "retried":
-            self.metrics.retries.labels(url, "connect_or_5xx").inc()
         if outcome == "ok":
             self.metrics.predicted.labels(url).inc(predicted_tokens)
             if usage:
                 details = usage.get("prompt_tokens_details") or {}
                 self.metrics.observed.labels(url).inc(int(details.get("cached_tokens") or 0))
                 self.metrics.prompt.labels(url).inc(int(usage.get("prompt_tokens") or 0))
+
+    def retried(self, url: str, reason: str) -> None:
+        up = self._by_url.get(url.rstrip("/"))
+        self.metrics.retries.labels(up.name if up is not None and up.name else url, reason).inc()
 
     def rejected(self, reason: str) -> None:
         self.metrics.rejected.labels(reason).inc()
@@ -201,61 +287,33 @@ class RoutingState:
         up.failures += 1
         if up.healthy and up.failures >= self.cfg.eject_after_failures:
             up.healthy = False
-            self.metrics.ejections.labels(up.url).inc()
-            self.metrics.healthy.labels(up.url).set(0)
-            log.warning("replica ejected after %d failures: %s", up.failures, up.url)
+            up.ejected_once = True
+            self.metrics.ejections.labels(up.name or up.url).inc()
+            self.metrics.healthy.labels(up.name or up.url).set(0)
+            log.warning("replica ejected after %d transport failures: %s", up.failures, up.url)
 
     def _success(self, up: Upstream) -> None:
         up.failures = 0
         if not up.healthy:
             up.healthy = True
-            self.metrics.healthy.labels(up.url).set(1)
-            log.info("replica readmitted: %s", up.url)
-
-    # -- active health --------------------------------------------------------------
-    async def probe_once(self, client) -> None:
-        async def one(up: Upstream) -> None:
-            try:
-                r = await client.get(up.url + "/health", timeout=self.cfg.health_timeout_s)
-                ok = r.status_code == 200
-            except Exception:  # noqa: BLE001 - any transport error is a failed probe
-                ok = False
-            if not ok:
-                self._failure(up)
-                return
-            self._success(up)
-            try:
-                m = await client.get(up.url + "/metrics", timeout=self.cfg.health_timeout_s)
-                if m.status_code == 200:
-                    g = parse_vllm_gauges(m.text)
-                    up.waiting = int(g.get("waiting", 0))
-                    up.running = int(g.get("running", 0))
-                    up.kv_usage = float(g.get("kv_usage", 0.0))
-            except Exception:  # noqa: BLE001 - metrics are optional
-                pass
-        await asyncio.gather(*(one(u) for u in list(self.upstreams.values())))
-
-    async def start(self) -> None:
-        if self._health_task is None:
-            self._health_task = asyncio.get_running_loop().create_task(self._health_loop())
-
-    async def _health_loop(self) -> None:
-        import httpx
-        async with httpx.AsyncClient() as client:
-            while True:
-                try:
-                    await self.probe_once(client)
-                except Exception:  # noqa: BLE001 - keep probing whatever happens
-                    log.exception("health probe round failed")
-                await asyncio.sleep(self.cfg.health_interval_s)
+            self.metrics.healthy.labels(up.name or up.url).set(1)
+            self._forget_replica(up.id)          # its cache did not survive the failure
+            log.info("replica readmitted (its prefix model reset): %s", up.url)
 
     # -- introspection --------------------------------------------------------------
     def snapshot(self) -> list[dict[str, Any]]:
         return [{"id": u.id, "url": u.url, "healthy": u.healthy, "inflight": u.inflight,
-                 "failures": u.failures, "waiting": u.waiting, "running": u.running,
-                 "kv_usage": u.kv_usage, "queued_tokens": u.queued_tokens,
+                 "peer_inflight": u.peer_inflight, "failures": u.failures,
+                 "waiting": u.waiting, "running": u.running, "kv_usage": u.kv_usage,
+                 "queued_tokens": u.queued_tokens, "models": list(u.models),
                  "kv_events_applied": self.kv_events_applied}
                 for u in self.upstreams.values()]
 
     def metrics_text(self) -> bytes:
+        for u in self.upstreams.values():
+            self.metrics.inflight.labels(u.name or u.url).set(u.inflight)
+            self.metrics.queued_tokens.labels(u.name or u.url).set(u.queued_tokens)
         return self.metrics.text()
+
+
+TRANSPORT_FAILURES = ("connect_error", "upstream_error", "timeout")

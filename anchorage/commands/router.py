@@ -4,7 +4,8 @@
     anchorage router --discovery kubernetes --k8s-selector app=vllm --k8s-port 8000
 
 Secrets come from the environment, never flags: ANCHORAGE_TENANT_SECRET (keys the tenant
-id and cache_salt hashes of API keys), ANCHORAGE_UPSTREAM_API_KEY (sent to the replicas).
+id and cache_salt hashes of API keys), ANCHORAGE_UPSTREAM_API_KEY (sent to the replicas),
+ANCHORAGE_INTERNAL_TOKEN (callers sending it in x-anchorage-internal may mark warm-ups).
 """
 
 from __future__ import annotations
@@ -35,6 +36,19 @@ def register(sub) -> None:
     p.add_argument("--kv-events-port", type=int, default=0,
                    help="subscribe to each replica's vLLM KV events at tcp://<replica host>:PORT "
                         "(for precise_prefix; vLLM --kv-events-config with publisher zmq)")
+    p.add_argument("--config-file", default="",
+                   help="the operator's anchorage.yaml: its routing policy is applied on change")
+    p.add_argument("--config-dir", default="",
+                   help="a directory of <model>/anchorage.yaml (one routing policy per model)")
+    p.add_argument("--num-replicas", type=int, default=1, help="router processes (Serve replicas)")
+    p.add_argument("--ingress", choices=["haproxy", "serve"], default="haproxy",
+                   help="haproxy: Serve's HAProxy with direct ingress (no actor call per "
+                        "request; needs the variables set before Ray starts); serve: Serve's "
+                        "proxy actor")
+    p.add_argument("--tokenizer", default="",
+                   help="model directory with tokenizer files: key text and chat prompts by tokens")
+    p.add_argument("--vocab-size", type=int, default=0,
+                   help="refuse token ids >= this (0: from --tokenizer, else unchecked)")
     p.add_argument("--print-config", action="store_true", help="validate, print the config, exit")
     p.set_defaults(func=run)
 
@@ -56,6 +70,10 @@ def make_config(args):
         max_body_bytes=args.max_body_bytes, retries=args.retries, discovery=args.discovery,
         k8s_namespace=args.k8s_namespace, k8s_selector=args.k8s_selector,
         k8s_port=args.k8s_port, k8s_kind=args.k8s_kind, kv_events_port=args.kv_events_port,
+        config_file=args.config_file, config_dir=args.config_dir,
+        num_replicas=args.num_replicas, ingress=args.ingress, tokenizer=args.tokenizer,
+        vocab_size=args.vocab_size,
+        trusted_token=os.environ.get("ANCHORAGE_INTERNAL_TOKEN", ""),
         tenant_secret=os.environ.get("ANCHORAGE_TENANT_SECRET", ""),
         upstream_api_key=os.environ.get("ANCHORAGE_UPSTREAM_API_KEY", ""))
     try:
@@ -69,15 +87,17 @@ def run(args) -> int:
     if args.print_config:
         print(json.dumps(cfg.to_dict(), indent=1))
         return 0
-    from anchorage.cli import CLIError
+    from anchorage.cli import CommandFailed
     try:
         import ray
 
         from anchorage.router import app
     except ImportError as exc:
-        raise CLIError(f"the router needs the [router] extra ({exc.name} missing): "
-                       "pip install 'anchorage[router]'") from None
+        raise CommandFailed(f"the router needs the [router] extra ({exc.name} missing): "
+                            "pip install 'anchorage[router]'") from None
     if not ray.is_initialized():
+        if not os.environ.get("RAY_ADDRESS"):       # a Ray we start: its ingress is ours
+            os.environ.update(app.hosting_env(cfg))
         ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False,
                  namespace="anchorage")
     app.run(cfg, host=args.host, port=args.port, blocking=True)

@@ -48,14 +48,26 @@ Spec, per request ``q`` at time ``t`` over the healthy replicas ``H`` (``n = |H|
   ``P_a = H``, the least loaded replica. The thread is (re)bound to the choice.
   ``decisions`` counts the paths taken (``thread``, ``member``, ``spill``).
 
+State is bounded and every decision costs O(n log keys), whatever the number of agents
+seen: agent loads decay with one half-life, so they are kept in a common scale
+(``s_a = L_a(t) * 2^((t - e) / half_life_s)`` for an epoch ``e`` rebased every 64
+half-lives) and the committed load ``C_r`` is kept incrementally (each change of ``L_a``
+or ``P_a`` updates the members' sums). Agents and threads live in LRU tables bounded in
+entries and bytes (``anchorage.routing.bounded``); an agent whose load decayed below
+``min_agent_load`` is forgotten (its placement too) when it is next seen or when it is
+the least recently seen. ``on_peer_start(ctx, r)`` applies another router's decision
+(shared state between router processes): the agent's load, the thread's binding, the
+placement and the prefix model follow it as if this router had decided it.
+
 Parameters: ``anchor_blocks`` (4), ``half_life_s`` (60), ``spread`` (1.0),
 ``warmup_per_replica`` (8), ``new_ratio`` (2; 0 disables), ``new_abs`` (4),
 ``spill_ratio`` (1.5), ``spill_abs`` (4), ``kv_spill`` (0.98), ``max_sessions``
-(threads remembered, 200_000, LRU), ``capacity_blocks`` (prefix model per replica when the
+(threads remembered, 200_000, LRU), ``max_agents`` (agents remembered, 200_000, LRU),
+``max_table_bytes`` (64 MiB per table), ``capacity_blocks`` (prefix model per replica when the
 view has none, 100_000), ``min_agent_load`` (1e-3: placements of agents decayed below it
 are forgotten), ``tokens_per_request`` (2048; 0: request counts only).
 
-Measured (``bench/bench_router.py --sim``, random topology, 400 sessions, hybrid eviction,
+Measured (``bench/bench_router_sim.py``, random topology, 400 sessions, hybrid eviction,
 4 replicas at the knee; ``anchorage.routing.analysis`` splits the misses): ``agent`` trails
 one pooled cache by 8.8 points: 3.9 of placement (histories left on another replica when
 a thread moved under load; anchors 0.1) and 5.1 more capacity misses (its own replica
@@ -76,14 +88,17 @@ instead of their agent's anchor lost 3.5 points there.
 from __future__ import annotations
 
 import math
-from collections import OrderedDict, defaultdict
+from collections import defaultdict
 from typing import Hashable, Sequence
 
 from anchorage.policies.base import RequestContext
 from anchorage.routing.base import ReplicaView, Router, healthy_positions
+from anchorage.routing.bounded import BoundedLRU
 from anchorage.routing.keys import agent_id
 from anchorage.routing.load import TOKENS_PER_REQUEST, load_score, overloaded
 from anchorage.routing.prefix_index import PrefixIndex
+
+_REBASE_HALF_LIVES = 64.0
 
 
 def agent_label(a: Hashable) -> str:
@@ -97,18 +112,12 @@ def agent_label(a: Hashable) -> str:
     return "empty"
 
 
-class _Decayed:
-    __slots__ = ("value", "t")
+class _Agent:
+    __slots__ = ("scaled", "members")
 
     def __init__(self) -> None:
-        self.value = 0.0
-        self.t = 0.0
-
-    def at(self, now: float, half_life: float) -> float:
-        if now > self.t:
-            self.value *= 2.0 ** (-(now - self.t) / half_life)
-            self.t = now
-        return self.value
+        self.scaled = 0.0               # L_a(t) * 2^((t - epoch) / half_life)
+        self.members: list[int] = []    # P_a, in order of placement
 
 
 class AgentRouter(Router):
@@ -119,11 +128,14 @@ class AgentRouter(Router):
                  max_sessions: int = 200_000, capacity_blocks: int = 100_000,
                  min_agent_load: float = 1e-3, warmup_per_replica: float = 8.0,
                  new_ratio: float = 2.0, new_abs: float = 4.0,
-                 tokens_per_request: float = TOKENS_PER_REQUEST) -> None:
+                 tokens_per_request: float = TOKENS_PER_REQUEST, max_agents: int = 200_000,
+                 max_table_bytes: int = 64 << 20) -> None:
         if anchor_blocks < 1 or half_life_s <= 0 or spread <= 0:
             raise ValueError("anchor_blocks >= 1, half_life_s > 0 and spread > 0 required")
         if tokens_per_request < 0:
             raise ValueError("tokens_per_request must be >= 0")
+        if max_sessions < 1 or max_agents < 1 or max_table_bytes < 1:
+            raise ValueError("max_sessions, max_agents and max_table_bytes must be >= 1")
         self.tokens_per_request = tokens_per_request
         self.anchor_blocks = anchor_blocks
         self.half_life_s = half_life_s
@@ -137,56 +149,111 @@ class AgentRouter(Router):
         self.new_ratio = new_ratio
         self.new_abs = new_abs
         self._capacity = capacity_blocks
-        self._load: dict[Hashable, _Decayed] = {}
-        self._total = _Decayed()
-        self.placement: dict[Hashable, list[int]] = {}
-        self.sessions: OrderedDict[Hashable, int] = OrderedDict()
+        self._epoch: float | None = None
+        self._now = 0.0
+        self._total = 0.0                               # sum of all records, scaled
+        self._commit: dict[int, float] = defaultdict(float)   # C_r, scaled
+        self.agents = BoundedLRU(max_agents, max_table_bytes,       # agent -> _Agent
+                                 on_evict=lambda a, st: self._drop(st))
+        self.sessions = BoundedLRU(max_sessions, max_table_bytes)  # thread -> replica
         self.index = PrefixIndex(capacity_blocks)
+        self._caps: list = []
         self.spills = 0
         #: decisions by path: thread (stayed home), member, spill
         self.decisions: dict[str, int] = defaultdict(int)
 
-    # -- load bookkeeping -------------------------------------------------------------
-    def _record(self, a: Hashable, now: float) -> float:
-        d = self._load.get(a)
-        if d is None:
-            d = self._load[a] = _Decayed()
-            d.t = now
-        d.at(now, self.half_life_s)
-        d.value += 1.0
-        self._total.at(now, self.half_life_s)
-        self._total.value += 1.0
-        return d.value
+    @property
+    def placement(self) -> dict[Hashable, list[int]]:
+        """Agent -> replicas holding its anchor (read-only view)."""
+        return {a: st.members for a, st in self.agents.items() if st.members}
+
+    # -- load bookkeeping (scaled: every load decays by the same factor) -------------
+    def _scale(self, now: float) -> float:
+        """2^((now - epoch) / half_life); rebases the epoch when it grows large."""
+        if self._epoch is None:
+            self._epoch = now
+        x = (now - self._epoch) / self.half_life_s
+        if x > _REBASE_HALF_LIVES:
+            f = 2.0 ** -x
+            for st in self.agents.values():
+                st.scaled *= f
+            for r in self._commit:
+                self._commit[r] *= f
+            self._total *= f
+            self._epoch = now
+            x = 0.0
+        return 2.0 ** x
+
+    def _load_of(self, st: _Agent, now: float) -> float:
+        return st.scaled / self._scale(now)
+
+    def _set_members(self, st: _Agent, members: list[int]) -> None:
+        old = st.members
+        if old:
+            share = st.scaled / len(old)
+            for r in old:
+                self._commit[r] -= share
+        st.members = members
+        if members:
+            share = st.scaled / len(members)
+            for r in members:
+                self._commit[r] += share
+
+    def _drop(self, st: _Agent) -> None:
+        self._set_members(st, [])       # its records stay in the fleet's total
+
+    def _forget(self, a: Hashable) -> None:
+        st = self.agents.pop(a)
+        if st is not None:
+            self._drop(st)
+
+    def _sweep(self, now: float, budget: int = 2) -> None:
+        """Forget up to ``budget`` least recently seen agents whose load decayed away."""
+        scale = self._scale(now)
+        for _ in range(budget):
+            old = self.agents.oldest()
+            if old is None or old[1].scaled / scale >= self.min_agent_load:
+                return
+            self._forget(old[0])
+
+    def _record(self, a: Hashable, now: float) -> tuple[_Agent, float]:
+        scale = self._scale(now)
+        st = self.agents.get(a)
+        if st is not None and st.scaled / scale < self.min_agent_load:
+            self._forget(a)             # decayed away: placed afresh
+            st = None
+        if st is None:
+            st = _Agent()
+            self.agents[a] = st
+        else:
+            self.agents.touch(a)
+        members = st.members
+        if members:
+            share = scale / len(members)
+            for r in members:
+                self._commit[r] += share
+        st.scaled += scale
+        self._total += scale
+        return st, st.scaled / scale
 
     def _target(self, a_load: float, now: float, n: int) -> int:
-        total = max(self._total.at(now, self.half_life_s), 1e-12)
+        total = max(self._total / self._scale(now), 1e-12)
         if total < self.warmup_per_replica * n:
             return 1
         return max(1, min(n, math.ceil(self.spread * n * a_load / total - 1e-9)))
 
-    def _commitment(self, now: float) -> dict[int, float]:
-        c: dict[int, float] = defaultdict(float)
-        stale = []
-        for a, members in self.placement.items():
-            la = self._load[a].at(now, self.half_life_s)
-            if la < self.min_agent_load:
-                stale.append(a)
-                continue
-            if members:
-                share = la / len(members)
-                for r in members:
-                    c[r] += share
-        for a in stale:
-            del self.placement[a]
-            del self._load[a]
-        return c
+    def _bind(self, skey: Hashable, replica: int) -> None:
+        self.sessions[skey] = replica
 
     # -- decision ---------------------------------------------------------------------
     def pick(self, ctx: RequestContext, replicas: Sequence[ReplicaView]) -> int:
         pos = healthy_positions(replicas)
         at = {replicas[p].index: p for p in pos}
-        for r in replicas:
-            self.index.set_capacity(r.index, r.capacity_blocks or self._capacity)
+        caps = [(r.index, r.capacity_blocks) for r in replicas]
+        if caps != self._caps:
+            self._caps = caps
+            for i, c in caps:
+                self.index.set_capacity(i, c or self._capacity)
         tpr = self.tokens_per_request
         load = {p: load_score(replicas[p], 1.0, tpr) for p in pos}
         mean = sum(load.values()) / len(pos)
@@ -196,8 +263,9 @@ class AgentRouter(Router):
                     or replicas[p].kv_usage >= self.kv_spill)
 
         now = ctx.now_s
+        self._sweep(now)
         a = agent_id(ctx, self.anchor_blocks)
-        a_load = self._record(a, now)
+        st, a_load = self._record(a, now)
         # the history a request extends is its thread: its session's prompts for its agent
         skey = (ctx.tenant, ctx.session_id, a) if ctx.session_id is not None else None
 
@@ -211,17 +279,16 @@ class AgentRouter(Router):
             # queue exceeds that work
             if p is not None and (not over(p) or load[p] - lightest
                                   <= self.index.match_len(r, keys) * tpk / (tpr or 1.0)):
-                self.sessions.move_to_end(skey)
+                self.sessions.touch(skey)
                 self.decisions["thread"] += 1
                 return p
 
-        members = [r for r in self.placement.get(a, ()) if r in at]
+        members = [r for r in st.members if r in at]
         target = self._target(a_load, now, len(pos))
         if len(members) < target:
-            self._grow(a, ctx, members, target, replicas, pos, at, now, load)
+            self._grow(ctx, members, target, replicas, pos, now, load)
         elif len(members) > target + 1:
             del members[target + 1:]
-        self.placement[a] = members
 
         ok = [at[r] for r in members if not over(at[r])]
         if ok and self.new_ratio > 0 and (skey is None or skey not in self.sessions):
@@ -242,19 +309,17 @@ class AgentRouter(Router):
                 members.append(replicas[choice].index)
                 self.spills += 1
             self.decisions["spill"] += 1
+        self._set_members(st, members)
         if skey is not None:
-            self.sessions[skey] = replicas[choice].index
-            self.sessions.move_to_end(skey)
-            if len(self.sessions) > self.max_sessions:
-                self.sessions.popitem(last=False)
+            self._bind(skey, replicas[choice].index)
         return choice
 
-    def _grow(self, a: Hashable, ctx: RequestContext, members: list[int], target: int,
-              replicas: Sequence[ReplicaView], pos: list[int], at: dict[int, int],
-              now: float, load: dict[int, float]) -> None:
-        label = agent_label(a)
+    def _grow(self, ctx: RequestContext, members: list[int], target: int,
+              replicas: Sequence[ReplicaView], pos: list[int], now: float,
+              load: dict[int, float]) -> None:
+        label = agent_label(agent_id(ctx, self.anchor_blocks))
         anchor = list(ctx.keys[: self.anchor_blocks])
-        commit = self._commitment(now)
+        scale = self._scale(now)
         prefix_labels: set[str] | None = None
 
         def reports_anchor(r: ReplicaView) -> bool:
@@ -270,28 +335,41 @@ class AgentRouter(Router):
             if prefix_labels is None:
                 prefix_labels = {agent_label(("fp", k)) for k in ctx.keys[:512]}
             return not prefix_labels.isdisjoint(labels)
+        held = self.index.match(anchor) if anchor else {}
+        need = len(anchor)
+        inv = 1.0 / scale
+        commit = self._commit.get
+        labelled = any(replicas[p].extra.get("anchors") for p in pos)
         while len(members) < target:
-            cands = [p for p in pos if replicas[p].index not in members]
-            if not cands:
+            # (holds the anchor first, then least committed load, then least load)
+            ranked = [(not ((need and held.get(i, 0) == need)
+                            or (labelled and reports_anchor(replicas[p]))),
+                       round(commit(i, 0.0) * inv, 6), load[p], p)
+                      for p in pos for i in (replicas[p].index,) if i not in members]
+            if not ranked:
                 return
-
-            def rank(p: int) -> tuple:
-                r = replicas[p]
-                holds = (reports_anchor(r)
-                         or (anchor and self.index.match_len(r.index, anchor) == len(anchor)))
-                return (not holds, round(commit.get(r.index, 0.0), 6), load[p])
-            best = min(cands, key=rank)
-            members.append(replicas[best].index)
+            members.append(replicas[min(ranked)[3]].index)
 
     # -- notifications ----------------------------------------------------------------
     def on_start(self, ctx: RequestContext, replica: int) -> None:
         self.index.insert(replica, ctx.keys)
 
+    def on_peer_start(self, ctx: RequestContext, replica: int) -> None:
+        """Another router sent ``ctx`` to ``replica``: follow its decision."""
+        a = agent_id(ctx, self.anchor_blocks)
+        st, _ = self._record(a, ctx.now_s)
+        if replica not in st.members:
+            self._set_members(st, st.members + [replica])
+        if ctx.session_id is not None:
+            self._bind((ctx.tenant, ctx.session_id, a), replica)
+        self.index.insert(replica, ctx.keys)
+
     def on_replica_removed(self, replica: int) -> None:
         self.index.clear(replica)
-        for members in self.placement.values():
-            if replica in members:
-                members.remove(replica)
+        for st in self.agents.values():
+            if replica in st.members:
+                self._set_members(st, [r for r in st.members if r != replica])
+        self._commit.pop(replica, None)
 
     def predicted_hit_blocks(self, ctx: RequestContext, replica: int) -> int:
         return self.index.match_len(replica, ctx.keys)

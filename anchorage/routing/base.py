@@ -17,6 +17,10 @@ Conventions every router follows:
 - ``on_kv_event(replica_index, event)`` feeds a replica's real KV cache events
   (``BlockStored``, ``BlockRemoved``, ``AllBlocksCleared`` from ``anchorage.routing.events``);
   routers that do not use them ignore them.
+- ``on_peer_start(ctx, replica_index)``: another router process sent ``ctx`` there (the
+  Ray app shares decisions between its router replicas); the default treats it as
+  ``on_start``, routers whose ``pick`` also records state (sessions, placements) follow
+  the peer's decision.
 - ``predicted_hit_blocks(ctx, replica_index)`` is the router's own estimate of how many
   leading blocks of ``ctx`` are cached there (0 for routers without a cache model); the
   Ray app exports it next to the observed ``cached_tokens``.
@@ -78,6 +82,9 @@ class Router:
 
     def on_finish(self, ctx: RequestContext, replica: int) -> None:
         pass
+
+    def on_peer_start(self, ctx: RequestContext, replica: int) -> None:
+        self.on_start(ctx, replica)
 
     def on_kv_event(self, replica: int, event: Any) -> None:
         pass

@@ -12,7 +12,8 @@ Scorers:
 - ``kv_usage``: ``1 - kv_usage_r``.
 - ``prefix``: ``m_r / len(keys)`` over the router's prefix model (``capacity_blocks``).
 - ``precise_prefix``: the same over the replicas' KV events.
-- ``session``: 1 for the replica that served the request's session last, else 0.
+- ``session``: 1 for the replica that served the request's session last, else 0
+  (``max_sessions`` 200_000, ``max_table_bytes`` 64 MiB: an LRU bounded in both).
 - ``anchor``: 1 if the replica reports the request's agent in ``extra["anchors"]``.
 
 Configuration: ``filters`` (list of names or ``{"name": ..., **params}``; default
@@ -24,12 +25,12 @@ Configuration: ``filters`` (list of names or ``{"name": ..., **params}``; defaul
 from __future__ import annotations
 
 import random
-from collections import OrderedDict
 from typing import Any, Callable, Sequence
 
 from anchorage.policies.base import RequestContext
 from anchorage.routing.agent import agent_label
 from anchorage.routing.base import ReplicaView, Router, healthy_positions
+from anchorage.routing.bounded import BoundedLRU
 from anchorage.routing.events import AllBlocksCleared, BlockRemoved, BlockStored
 from anchorage.routing.keys import agent_id
 from anchorage.routing.load import load_score
@@ -114,9 +115,9 @@ class PrefixScorer(Scorer):
 
 
 class SessionScorer(Scorer):
-    def __init__(self, max_sessions: int = 200_000) -> None:
+    def __init__(self, max_sessions: int = 200_000, max_table_bytes: int = 64 << 20) -> None:
         self.max_sessions = max_sessions
-        self.last: OrderedDict = OrderedDict()
+        self.last = BoundedLRU(max_sessions, max_table_bytes)
 
     def score(self, ctx, reps, pos):
         r = self.last.get((ctx.tenant, ctx.session_id)) if ctx.session_id is not None else None
@@ -124,11 +125,7 @@ class SessionScorer(Scorer):
 
     def on_start(self, ctx, replica):
         if ctx.session_id is not None:
-            k = (ctx.tenant, ctx.session_id)
-            self.last[k] = replica
-            self.last.move_to_end(k)
-            if len(self.last) > self.max_sessions:
-                self.last.popitem(last=False)
+            self.last[(ctx.tenant, ctx.session_id)] = replica
 
 
 class AnchorScorer(Scorer):

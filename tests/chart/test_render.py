@@ -100,6 +100,7 @@ def test_all_on_renders_every_feature(all_on_objects):
     assert app["import_path"] == "anchorage.router.app:app_builder"
     assert app["args"] == {"policy": "prefix", "policy_params": {"balance_abs_threshold": 8}, "block_size": 16,
                            "max_body_bytes": 1048576, "max_inflight_per_replica": 64, "retries": 1,
+                           "config_dir": "/etc/anchorage/models",
                            "discovery": "kubernetes", "k8s_namespace": NAMESPACE,
                            "k8s_selector": f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=model",
                            "k8s_port": 8000, "k8s_kind": "EndpointSlice"}
@@ -188,7 +189,8 @@ OPERATOR_NAMESPACED = {
     *(("anchorage.dev", "agentcachepolicies", v) for v in ("get", "list", "watch", "patch")),
     ("anchorage.dev", "agentcachepolicies/status", "get"),
     ("anchorage.dev", "agentcachepolicies/status", "patch"),
-    *(("", "configmaps", v) for v in ("get", "create", "update")),
+    ("anchorage.dev", "agentcachepolicies/finalizers", "update"),   # ownerRef blockOwnerDeletion
+    *(("", "configmaps", v) for v in ("get", "create", "patch")),
     ("", "events", "create"),
     *(("apps", r, v) for r in ("deployments/scale", "statefulsets/scale") for v in ("get", "patch")),
 }
@@ -394,11 +396,12 @@ def test_network_policies(default_objects):
 
 def test_router_deployment(default_objects):
     dep = one(default_objects, "Deployment", "-router")
-    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
+    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "RollingUpdate"
     c = dep["spec"]["template"]["spec"]["containers"][0]
     assert c["args"] == ["router", "--host=0.0.0.0", "--port=8000", "--policy=agent",
                          "--policy-params={}", "--block-size=16", "--max-body-bytes=4194304",
-                         "--max-inflight-per-replica=64", "--retries=2", "--discovery=kubernetes",
+                         "--max-inflight-per-replica=64", "--retries=2", "--config-dir=/etc/anchorage/models",
+                         "--discovery=kubernetes",
                          f"--k8s-namespace={NAMESPACE}",
                          f"--k8s-selector=app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=model",
                          "--k8s-port=8000", "--k8s-kind=EndpointSlice"]

@@ -3,7 +3,11 @@
 It keeps a toy prefix cache (token-id blocks it has seen) so ``cached_tokens`` in
 ``usage.prompt_tokens_details`` is meaningful. ``mode`` switches behaviour at run time:
 ``ok``, ``error500`` (every completion answers 500), ``slow`` (waits ``delay_s`` before the
-first byte), ``slow_stream`` (waits ``delay_s`` after each chunk), ``die_midstream`` (streams two chunks, then drops the connection).
+first byte), ``slow_stream`` (waits ``delay_s`` after each chunk), ``die_midstream`` (streams
+two chunks, then drops the connection), ``poison`` (a request whose prompt holds a token id
+>= 1024 answers 500 and stops the server, as a vLLM engine that skipped tokenizer
+initialisation dies), ``reset`` (drops the connection without answering). ``models`` is
+what ``/v1/models`` lists; ``kill()`` drops every open connection at once.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ class FakeUpstream:
         self.cached: set = set()
         self.runner: web.AppRunner | None = None
         self.port = 0
+        self.models = ["tiny"]
+        self._transports: set = set()
 
     def _cached_tokens(self, body: dict) -> tuple[int, int]:
         prompt = body.get("prompt")
@@ -44,10 +50,24 @@ class FakeUpstream:
         return n, len(prompt)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
+        self._transports.add(request.transport)
         body = await request.json()
         self.requests.append(body)
         if self.mode == "error500":
-            return web.json_response({"error": {"message": "injected"}}, status=500)
+            return web.json_response({"error": {"message": "injected", "type": "InternalServerError",
+                                                "param": None, "code": 500}}, status=500)
+        if self.mode == "poison" and any(isinstance(t, int) and t >= 1024
+                                         for t in body.get("prompt") or []):
+            asyncio.get_running_loop().call_later(0.05, lambda: asyncio.ensure_future(self.kill()))
+            return web.json_response({"error": {"message": "EngineCore died: index out of range",
+                                                "type": "InternalServerError"}}, status=500)
+        if self.mode == "reset":
+            request.transport.close()
+            return web.Response()
+        if body.get("model") not in (None, *self.models):
+            return web.json_response({"error": {"message": f"The model `{body.get('model')}` "
+                                                "does not exist.", "type": "NotFoundError",
+                                                "param": "model", "code": 404}}, status=404)
         if self.mode == "slow":
             await asyncio.sleep(self.delay_s)
         cached, prompt_tokens = self._cached_tokens(body)
@@ -85,16 +105,30 @@ class FakeUpstream:
         return web.Response(text="vllm:num_requests_waiting{engine=\"0\"} 0.0\n"
                                  "vllm:kv_cache_usage_perc{engine=\"0\"} 0.25\n")
 
-    async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": "tiny", "object": "model"}]})
+    async def list_models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": m, "object": "model"}
+                                                             for m in self.models]})
+
+    async def kill(self) -> None:
+        if self.runner is not None:
+            for site in list(self.runner.sites):
+                await site.stop()
+        for t in list(self._transports):
+            t.abort() if hasattr(t, "abort") else t.close()
+        self._transports.clear()
+        if self.runner is not None:
+            runner, self.runner = self.runner, None
+            await runner.cleanup()
 
     async def start(self, port: int = 0) -> int:
         app = web.Application()
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.completions)
+        app.router.add_post("/v1/responses", self.completions)
+        app.router.add_post("/tokenize", self.completions)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)
-        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/v1/models", self.list_models)
         self.runner = web.AppRunner(app)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", port or self.port)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +36,10 @@ def start_upstreams(n: int, block_size: int = 16) -> list[str]:
     return urls
 
 
+def set_models(name: str, models: list[str]) -> None:
+    UP[name].models = list(models)
+
+
 def upstream_names() -> list[str]:
     return list(UP)
 
@@ -46,6 +51,7 @@ def set_mode(name: str, mode: str, delay_s: float = 0.0) -> None:
 def reset_upstreams() -> None:
     for u in UP.values():
         u.mode, u.delay_s = "ok", 0.0
+        u.models = ["tiny"]
         u.requests.clear()
         u.cached.clear()
         if u.runner is None:
@@ -56,18 +62,79 @@ def stop_upstream(name: str) -> None:
     _run(UP[name].stop())
 
 
+def kill_upstream(name: str) -> None:
+    """Stop listening and drop every open connection at once (a killed engine)."""
+    _run(UP[name].kill())
+
+
+def write_file(path: str, text: str) -> None:
+    import os
+    tmp = path + ".tmp"
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def http_many_timeouts(n: int, path: str, json: Any, timeout: float) -> list[str]:
+    """``n`` concurrent clients that give up after ``timeout`` seconds."""
+    def one(_):
+        try:
+            with httpx.Client(timeout=timeout) as c:
+                return str(c.post(ROUTER + path, json=json).status_code)
+        except httpx.HTTPError as exc:
+            return type(exc).__name__
+    with ThreadPoolExecutor(min(n, 64)) as ex:
+        return list(ex.map(one, range(n)))
+
+
+def load_during_kill(name: str, n: int, concurrency: int, stream: bool = False,
+                     kill_after_s: float = 0.5) -> list[dict]:
+    """``n`` requests at ``concurrency``; ``name`` is killed while they run."""
+    import random as _r
+    reqs = [{"method": "POST", "path": "/v1/completions",
+             "json": {"model": "tiny", "prompt": [_r.randrange(1000) for _ in range(32)],
+                      "max_tokens": 3, "stream": stream}} for _ in range(n)]
+    with ThreadPoolExecutor(concurrency) as ex:
+        before = len(UP[name].requests)
+        futs = [ex.submit(http, **r) for r in reqs]
+        deadline = time.time() + 20
+        while len(UP[name].requests) < before + 2 and time.time() < deadline:
+            time.sleep(0.02)
+        time.sleep(kill_after_s)          # requests are in flight there now
+        kill_upstream(name)
+        return [f.result() for f in futs]
+
+
 def upstream_requests(name: str) -> list[dict]:
     return list(UP[name].requests)
 
 
-def start_ray() -> float:
+def start_ray(ingress: str = "haproxy") -> float:
+    import os
+
     import ray
     from ray import serve
+
+    from anchorage.router.app import hosting_env
+    from anchorage.router.config import RouterConfig
+    os.environ.update(hosting_env(RouterConfig(replicas=["http://x"], ingress=ingress)))
     t0 = time.time()
     ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
              namespace="anchorage-test", logging_level="WARNING", log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": 8000})
     return time.time() - t0
+
+
+def bench_fanout(n: int) -> dict:
+    """``n`` tiny jobs through ``bench.harness`` as Ray tasks on this (running) Ray."""
+    import ray
+
+    from bench.harness import Fanout, run_jobs
+    from tests.bench.fanout_jobs import square
+
+    out = run_jobs(square, [{"x": i} for i in range(n)], Fanout(2))
+    return {"results": out, "driver_pid": os.getpid(), "ray_still_up": ray.is_initialized()}
 
 
 def deploy(config: dict[str, Any]) -> str:
@@ -89,12 +156,34 @@ def deploy(config: dict[str, Any]) -> str:
     cfg.validate()
     _state_name.append(cfg.actor_name)
     serve.run(build_app(cfg), name="anchorage-router", route_prefix="/")
+    _wait_routable()
     return cfg.actor_name
 
 
+def _wait_routable(timeout_s: float = 30) -> None:
+    """Until the ingress sends requests to the new deployment (HAProxy reloads)."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        try:
+            if httpx.get(ROUTER + "/livez", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+
+
+def router_call(method: str, *args):
+    from ray import serve
+    h = serve.get_app_handle("anchorage-router")
+    return getattr(h, method).remote(*args).result(timeout_s=30)
+
+
 def state_snapshot() -> list[dict]:
-    import ray
-    return ray.get(ray.get_actor(_state_name[0]).snapshot.remote())
+    return router_call("snapshot")
+
+
+def router_status() -> dict:
+    return router_call("status")
 
 
 def http(method: str, path: str, json: Any = None, headers: dict | None = None,
@@ -229,3 +318,27 @@ def stop_vllm() -> None:
         except Exception:  # noqa: BLE001
             p.kill()
     _VLLM.clear()
+
+
+def http_partial_body(path: str, declared: int, sent: bytes, wait_s: float = 10) -> str:
+    """Send headers and part of a body, then stall; the first line of the answer."""
+    import socket
+    s = socket.create_connection(("127.0.0.1", 8000), timeout=wait_s)
+    try:
+        s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {declared}\r\n\r\n".encode() + sent)
+        data = s.recv(4096)
+        return data.split(b"\r\n", 1)[0].decode()
+    except OSError as exc:
+        return f"error: {exc}"
+    finally:
+        s.close()
+
+
+def statuses_of_replicas(tries: int = 12) -> list[dict]:
+    """``status`` of each router replica reached in ``tries`` handle calls."""
+    seen = {}
+    for _ in range(tries):
+        st = router_status()
+        seen[(st["sync"] or {}).get("peer")] = st
+    return list(seen.values())

@@ -7,6 +7,7 @@ import pytest
 
 from anchorage.policies.base import RequestContext
 from anchorage.router.config import RouterConfig
+from anchorage.router.health import probe_once
 from anchorage.router.state import RoutingState, parse_vllm_gauges
 
 URLS = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
@@ -58,7 +59,7 @@ def test_probes_readmit_and_read_vllm_gauges():
 
     async def go():
         async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as c:
-            await s.probe_once(c)
+            await probe_once(s, c)
     asyncio.run(go())
     snap = s.snapshot()
     assert snap[0]["healthy"] and snap[0]["waiting"] == 3 and snap[0]["kv_usage"] == 0.5
@@ -70,6 +71,24 @@ def test_membership_changes_keep_stable_ids():
     s.set_replicas(URLS[1:] + ["http://127.0.0.1:3"])
     assert [(u["id"], u["url"]) for u in s.snapshot()] == [(1, URLS[1]), (2, "http://127.0.0.1:3")]
     assert s.pick(ctx(session="x"))["replica"] in (1, 2)
+
+
+def test_series_are_labelled_by_pod_and_a_removed_replicas_series_deleted():
+    s = RoutingState(RouterConfig(replicas=[], discovery="kubernetes"))
+    s.set_replicas(URLS, {URLS[0]: "llama-7f9-a", URLS[1]: "llama-7f9-b"})
+    for i in range(2):
+        d = s.pick(ctx(i))
+        s.finish(ctx(i), d["replica"], "ok", {"prompt_tokens": 48}, 16)
+    s.finish(ctx(9), 0, "retried")
+    text = s.metrics_text().decode()
+    assert 'replica="llama-7f9-a"' in text and 'replica="llama-7f9-b"' in text
+    assert "127.0.0.1" not in text                      # no pod IP in any label
+    s.set_replicas(URLS[1:], {URLS[1]: "llama-7f9-b"})   # pod a went away
+    text = s.metrics_text().decode()
+    assert 'replica="llama-7f9-a"' not in text, text
+    assert 'anchorage_router_replica_healthy{replica="llama-7f9-b"} 1.0' in text
+    # static replicas (no pod behind them) keep their URL as the label
+    assert 'replica="http://127.0.0.1:1"' in state().metrics_text().decode()
 
 
 def test_parse_vllm_gauges_ignores_other_series():
@@ -133,8 +152,67 @@ def test_scraped_running_and_waiting_count_other_clients_requests():
 
     async def go():
         async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as c:
-            await s.probe_once(c)
+            await probe_once(s, c)
     asyncio.run(go())
     v = s._views(list(s.upstreams.values()))
     assert (v[0].running, v[0].waiting) == (5, 2) and (v[1].running, v[1].waiting) == (0, 2)
     assert s.pick(ctx(9))["replica"] == 1
+
+
+def test_readmission_forgets_the_replicas_prefix_model():
+    s = state(policy="prefix", eject_after_failures=2)
+    c = RequestContext(request_id=1, keys=[11, 12, 13], input_length=48)
+    d = s.pick(c)
+    s.finish(c, d["replica"], "ok")
+    assert s.router.predicted_hit_blocks(c, d["replica"]) == 3
+    up = s.upstreams[d["replica"]]
+    s._failure(up)
+    s._failure(up)
+    assert not up.healthy
+    s._success(up)                              # a good probe: back, with an empty cache
+    assert up.healthy and s.router.predicted_hit_blocks(c, d["replica"]) == 0
+
+
+def test_5xx_answers_do_not_eject_transport_failures_of_distinct_requests_do():
+    s = state(policy="round_robin", eject_after_failures=2)
+    for i in range(5):
+        s.finish(ctx(i), 0, "server_error")
+    assert s.snapshot()[0]["healthy"]
+    s.finish(ctx(10), 0, "upstream_error")
+    s.finish(ctx(11), 0, "ok")                  # an answer in between: the count restarts
+    s.finish(ctx(12), 0, "timeout")
+    assert s.snapshot()[0]["healthy"]
+    s.finish(ctx(13), 0, "connect_error")
+    assert not s.snapshot()[0]["healthy"]
+
+
+def test_models_route_only_to_replicas_serving_them():
+    s = state(policy="round_robin")
+    a, b = s.upstreams[0], s.upstreams[1]
+    s.set_models(a, [{"id": "llama"}])
+    s.set_models(b, [{"id": "qwen"}])
+    assert {s.pick(ctx(i), model="qwen")["replica"] for i in range(4)} == {1}
+    assert s.pick(ctx(9), model="gpt") == {"status": "no_model"}
+    assert [m["id"] for m in s.model_list()] == ["llama", "qwen"]
+
+
+def test_decisions_shared_between_router_processes_reach_the_policy():
+    from anchorage.router.sync import DecisionLog, PeerSync
+
+    log = DecisionLog()
+
+    class Direct:                               # the actor's method, called in-process
+        def __init__(self):
+            self.exchange = type("M", (), {"remote": staticmethod(log.exchange)})()
+    a, b = state(policy="agent"), state(policy="agent")
+    sa, sb = PeerSync(a, Direct(), "a", 0.05), PeerSync(b, Direct(), "b", 0.05)
+    c = RequestContext(request_id=1, keys=[1, 2, 3, 4, 5], input_length=80, session_id="s")
+    home = a.pick(c)["replica"]
+    asyncio.run(sa.exchange_once())
+    asyncio.run(sb.exchange_once())
+    assert sb.applied == 1
+    assert b.snapshot()[home]["peer_inflight"] == 1         # a's request is in flight there
+    again = RequestContext(request_id=2, keys=[1, 2, 3, 4, 5, 6], input_length=96,
+                           session_id="s")
+    assert b.pick(again)["replica"] == home                  # b follows a's thread binding
+    assert b.metrics_text().count(b"anchorage_router_peer_staleness_seconds_count 1.0") == 1

@@ -1,9 +1,8 @@
 """anchorage.sim.gaps: tool-gap quantiles, rank-based mapping onto the WEKA distribution,
-and bench_timed.py --tool-gaps."""
+and bench.bench_timed --tool-gaps."""
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import math
 import random
@@ -92,10 +91,9 @@ def test_weka_table_matches_the_real_traces():
 
 
 def _bench_timed():
-    spec = importlib.util.spec_from_file_location("bench_timed", REPO / "bench/bench_timed.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from bench import bench_timed
+
+    return bench_timed
 
 
 def test_bench_workload_with_weka_gaps():
@@ -112,9 +110,9 @@ def test_bench_workload_with_weka_gaps():
 
 
 def test_bench_rejects_unknown_tool_gaps():
-    p = subprocess.run([sys.executable, str(REPO / "bench/bench_timed.py"), "--tool-gaps",
+    p = subprocess.run([sys.executable, "-m", "bench.bench_timed", "--tool-gaps",
                         "nope", "--policies", "lru"], capture_output=True, text=True, check=False,
-                       timeout=120)
+                       timeout=120, cwd=REPO)
     assert p.returncode == 2
     assert "--tool-gaps" in p.stderr and "Traceback" not in p.stderr
 
@@ -136,13 +134,13 @@ def test_cachewise_oracle_waits_on_the_simulator_clock():
     gaps = closed_loop_gaps_s(rs)
     p = make_policy("cachewise-oracle", contexts=ctxs, next_gap_s=gaps)
     sess = SimpleNamespace(last_seq=0, last_s=100.0, ended=False, n=1)
-    assert p._session_wait(sess, 100.5) == pytest.approx(1.0)  # done at 100 s + 1.5 s
-    assert p._session_wait(sess, 200.0) == 0.0
+    assert p.view.session_wait(sess, 100.5) == pytest.approx(1.0)  # done at 100 s + 1.5 s
+    assert p.view.session_wait(sess, 200.0) == 0.0
     sess.last_seq = 3  # the session's last request: never back
-    assert p._session_wait(sess, 100.0) == math.inf
+    assert p.view.session_wait(sess, 100.0) == math.inf
     trace_clock = make_policy("cachewise-oracle", contexts=ctxs)  # sequential replay
     sess.last_seq = 0
-    assert trace_clock._session_wait(sess, 0.0) == pytest.approx(ctxs[3].now_s)
+    assert trace_clock.view.session_wait(sess, 0.0) == pytest.approx(ctxs[3].now_s)
     with pytest.raises(ValueError, match="next_gap_s"):
         make_policy("cachewise-oracle", contexts=ctxs, next_gap_s=gaps[:-1])
 

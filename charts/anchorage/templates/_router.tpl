@@ -10,6 +10,7 @@
 - --max-body-bytes={{ int64 $r.maxBodyBytes }}
 - --max-inflight-per-replica={{ $r.maxInflightPerReplica }}
 - --retries={{ $r.retries }}
+- --config-dir=/etc/anchorage/models
 {{- if eq $r.discovery.mode "kubernetes" }}
 - --discovery=kubernetes
 - --k8s-namespace={{ .Release.Namespace }}

@@ -1,0 +1,130 @@
+"""Step 5 of a request: send it to a replica, and decide what a failure means.
+
+Rules (a request that killed a replica must never be replayed onto the next one, and a
+request's own failure must not eject healthy replicas):
+
+- connect error or connect timeout: the request never reached the replica; it is sent
+  to another one (up to ``retries`` times) and counts as a transport failure there;
+- the replica answered, whatever the status: the answer goes to the client with its
+  status and body (an engine's own 4xx/5xx, e.g. chat on a model without a chat
+  template, or the 500 of an engine the request killed). Never retried, never a
+  replica failure;
+- the connection broke after the request was sent (the replica died under it), a
+  non-streaming request is replayed once on another replica (so a killed engine loses no
+  request) and counts as a transport failure; a second such failure is a 502;
+- read timeout: 504, counted as a transport failure, not replayed (the replica may still
+  be computing it).
+
+Every attempt ends in exactly one ``finish`` (cancellation included: a client that gives
+up frees its slot at once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+from starlette.responses import Response
+
+from anchorage.router import errors, relay
+from anchorage.router.parsing import Parsed
+
+CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
+READ_TIMEOUTS = (aiohttp.SocketTimeoutError, asyncio.TimeoutError)
+BROKEN = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientPayloadError,
+          aiohttp.ClientConnectionError)
+
+
+async def send(core, p: Parsed, ctx, tpk: float, fwd: bytes, headers: dict) -> Any:
+    state, cfg = core.state, core.cfg
+    tried: list[int] = []
+    replayed = False
+    connect_failures = 0
+    last_error = "no replica"
+    prefer = core.pinned(p)
+    while True:
+        d = state.pick(ctx, tried, tpk, p.model, prefer)
+        prefer = None
+        if d["status"] == "saturated":
+            raise errors.saturated(d["retry_after_s"])
+        if d["status"] == "no_model":
+            raise errors.model_not_found(p.model or "")
+        if d["status"] != "ok":
+            raise errors.unavailable(f"no healthy replica could serve the request ({last_error})")
+        rid, url = d["replica"], d["url"]
+        tried.append(rid)
+        outcome, answer = await attempt(core, p, ctx, rid, url, d["predicted_tokens"], fwd, headers)
+        if answer is not None:
+            return answer
+        if outcome == "connect_error" and connect_failures < cfg.retries:
+            connect_failures += 1
+            state.retried(url, "connect")
+            last_error = "connect error"
+            continue
+        if outcome == "upstream_error" and not replayed and not p.stream:
+            replayed = True
+            state.retried(url, "connection_lost")
+            last_error = "connection lost"
+            continue
+        if outcome == "timeout":
+            raise errors.RouterError(504, "the replica did not answer in time", "timeout",
+                                     "upstream_timeout", reason="upstream_timeout")
+        if outcome == "upstream_error":
+            raise errors.RouterError(502, "the replica failed while answering",
+                                     "upstream_error", "upstream_error", reason="upstream_error")
+        raise errors.unavailable(f"no healthy replica could serve the request ({last_error})")
+
+
+async def attempt(core, p: Parsed, ctx, rid: int, url: str, predicted: int, fwd: bytes,
+                  headers: dict) -> tuple[str, Any]:
+    """(outcome, response or None when the caller should decide on a retry)."""
+    state = core.state
+    finished = False
+
+    def done(outcome: str, usage: Any = None) -> None:
+        nonlocal finished
+        if not finished:
+            finished = True
+            state.finish(ctx, rid, outcome, usage, predicted, p.model)
+    try:
+        try:
+            resp = await core.session.post(url + p.path, data=fwd, headers=headers,
+                                           timeout=core.timeout)
+        except CONNECT_ERRORS:
+            done("connect_error")
+            return "connect_error", None
+        except READ_TIMEOUTS:
+            done("timeout")
+            return "timeout", None
+        except BROKEN:
+            done("upstream_error")
+            return "upstream_error", None
+        ctype = resp.headers.get("content-type", "application/json")
+        if p.stream and resp.status < 400:
+            finished = True            # the relay reports the end from here on
+            return "ok", relay.RelayResponse(
+                relay.relay_stream(resp, lambda o, u: state.finish(ctx, rid, o, u, predicted,
+                                                                   p.model),
+                                   lambda: state.first_byte(ctx, rid),
+                                   p.path != "/v1/responses"),
+                status_code=resp.status, media_type=ctype)
+        try:
+            content = await resp.read()
+        except READ_TIMEOUTS:
+            done("timeout")
+            return "timeout", None
+        except BROKEN:
+            done("upstream_error")
+            return "upstream_error", None
+        finally:
+            resp.release()
+        status = resp.status
+        done("ok" if status < 400 else "client_error" if status < 500 else "server_error",
+             relay.usage_of(content) if status < 400 else None)
+        if status < 400 and p.path == "/v1/responses":
+            core.remember_response(content, url)
+        return "answered", Response(content, status_code=status, media_type=ctype)
+    except BaseException:
+        done("cancelled")              # the client left (or anything unforeseen)
+        raise

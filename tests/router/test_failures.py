@@ -1,0 +1,201 @@
+"""The router's own failures (issue 20), on a real local Ray behind Serve's HAProxy
+ingress, in front of fake upstreams with injected faults. Each test failed before."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.router.test_app import BASE, completion, metric, served_by
+
+
+@pytest.fixture
+def router(cluster):
+    ns = cluster["ns"]
+    ns("reset_upstreams")
+
+    def deploy(**over):
+        ns("deploy", {**BASE, "replicas": cluster["urls"], **over})
+        return ns
+    return deploy
+
+
+def err(r):
+    return json.loads(r["text"])["error"]
+
+
+def test_token_ids_outside_the_vocabulary_are_refused_at_the_edge(router, cluster):
+    ns = router(policy="round_robin", vocab_size=1024)
+    r = completion(ns, [5] * 31 + [1024])
+    assert r["status"] == 400 and err(r)["code"] == "invalid_token_id", r
+    assert "vocabulary" in err(r)["message"]
+    assert completion(ns, [-1] * 32)["status"] == 400
+    assert sum(len(ns("upstream_requests", n)) for n in cluster["names"]) == 0
+    assert completion(ns, [1023] * 32)["status"] == 200
+
+
+def test_a_request_that_killed_a_replica_is_not_replayed_on_the_next(router, cluster):
+    ns = router(policy="round_robin")          # no vocabulary check: the engine dies
+    for n in cluster["names"]:
+        ns("set_mode", n, "poison")
+    r = completion(ns, [5] * 31 + [4000])
+    assert r["status"] == 500 and "EngineCore" in err(r)["message"]
+    assert sum(len(ns("upstream_requests", n)) for n in cluster["names"]) == 1
+
+
+def test_clients_that_give_up_leak_no_in_flight_slot(router, cluster):
+    ns = router(policy="round_robin", max_inflight_per_replica=2)
+    for n in cluster["names"]:
+        ns("set_mode", n, "slow", 1.5)
+    for _ in range(3):                        # each round would leak every slot
+        out = ns("http_many_timeouts", 12, "/v1/completions",
+                 {"model": "tiny", "prompt": [1] * 32, "max_tokens": 1}, 0.3)
+        assert set(out) <= {"ReadTimeout", "429"} and out.count("ReadTimeout") >= 6, out
+        time.sleep(1.6)
+    deadline = time.time() + 15
+    while any(u["inflight"] for u in ns("state_snapshot")):
+        assert time.time() < deadline, ns("state_snapshot")
+        time.sleep(0.3)
+    for n in cluster["names"]:
+        ns("set_mode", n, "ok")
+    assert completion(ns, [2] * 32)["status"] == 200
+
+
+LIMITS = [
+    ({"headers": {"x-session-id": "s" * 1000}}, 400, "the session id is 1000 characters"),
+    ({"json": {"model": "tiny", "prompt": [1] * 32, "n": 1000}}, 400, "'n' must be"),
+    ({"content": b"[" * 10000 + b"]" * 10000}, 400, "nested deeper"),
+    ({"content": b'{"prompt": ' + b"[" * 200 + b"]" * 200 + b"}"}, 400, "nested deeper"),
+    ({"json": {"prompt": [1] * 32, "anchorage": {"agent": "a" * 5000}}}, 400,
+     "anchorage.agent is 5000"),
+    ({"headers": {"x-big": "h" * 20000}, "json": {"prompt": [1] * 32}}, (400, 431), ""),
+]
+
+
+def test_limits_on_headers_ids_n_and_nesting(router, cluster):
+    ns = router(policy="round_robin")
+    for kwargs, status, msg in LIMITS:
+        kw = dict(kwargs)
+        if "json" not in kw and "content" not in kw:
+            kw["json"] = {"model": "tiny", "prompt": [1] * 32}
+        r = ns("http", "POST", "/v1/completions", **kw)
+        ok = r["status"] in status if isinstance(status, tuple) else r["status"] == status
+        assert ok, (kwargs.keys(), r["status"], r["text"][:300])
+        if msg:
+            assert msg in err(r)["message"], r["text"][:300]
+    assert sum(len(ns("upstream_requests", n)) for n in cluster["names"]) == 0
+
+
+def test_a_body_that_stops_midway_times_out(router):
+    ns = router(policy="round_robin", body_timeout_s=1.0)
+    t0 = time.time()
+    line = ns("http_partial_body", "/v1/completions", 100, b'{"prompt": [1,')
+    assert " 408 " in line + " " or line.startswith("HTTP/1.1 408"), line
+    assert time.time() - t0 < 8
+
+
+def test_only_trusted_callers_mark_warmups(router, cluster):
+    ns = router(policy="round_robin", trusted_token="sidecar-token")
+    completion(ns, [1] * 32, anchorage={"warmup": True})
+    ns("http", "POST", "/v1/completions", headers={"x-anchorage-internal": "sidecar-token"},
+       json={"model": "tiny", "prompt": [2] * 32, "anchorage": {"warmup": True}})
+    bodies = [b for n in cluster["names"] for b in ns("upstream_requests", n)]
+    marks = {b["prompt"][0]: (b.get("vllm_xargs") or {}).get("anchorage.warmup") for b in bodies}
+    assert marks == {1: None, 2: 1}
+
+
+def test_routes_by_model_and_lists_every_model(router, cluster):
+    ns = cluster["ns"]
+    ns("reset_upstreams")
+    other = cluster["names"][2]
+    ns("set_models", other, ["other"])
+    ns("deploy", {**BASE, "replicas": cluster["urls"], "policy": "round_robin"})
+    ids = sorted(m["id"] for m in json.loads(ns("http", "GET", "/v1/models")["text"])["data"])
+    assert ids == ["other", "tiny"]
+    for i in range(4):
+        assert served_by(completion(ns, [i] * 32, model="other")) == other
+        assert served_by(completion(ns, [i] * 32)) != other
+    r = completion(ns, [1] * 32, model="gpt-9")
+    assert r["status"] == 404 and err(r) == {"message": "The model `gpt-9` does not exist.",
+                                             "type": "invalid_request_error", "param": "model",
+                                             "code": "model_not_found"}
+
+
+def test_responses_tokenize_are_routed_and_follow_ups_find_their_replica(router, cluster):
+    ns = router(policy="round_robin")
+    first = ns("http", "POST", "/v1/responses", json={"model": "tiny", "input": "hello " * 40})
+    assert first["status"] == 200, first
+    home, rid = served_by(first), json.loads(first["text"])["id"]
+    for _ in range(4):
+        r = ns("http", "POST", "/v1/responses", json={"model": "tiny", "input": "more",
+                                                      "previous_response_id": rid})
+        assert served_by(r) == home
+    tok = ns("http", "POST", "/tokenize", json={"model": "tiny", "prompt": "abc"})
+    assert tok["status"] == 200 and served_by(tok) in cluster["names"]
+
+
+def test_killing_an_engine_under_load_loses_no_request(router, cluster):
+    ns = router(policy="round_robin", eject_after_failures=2)
+    for n in cluster["names"]:
+        ns("set_mode", n, "slow", 0.3)
+    out = ns("load_during_kill", cluster["names"][1], 60, 12, kill_after_s=0.1)
+    assert [r["status"] for r in out] == [200] * 60, [r["status"] for r in out]
+    assert metric(ns, "anchorage_router_retries_total", reason="connection_lost") >= 1
+
+
+def test_routing_policy_follows_the_operators_document(router, tmp_path, cluster):
+    doc = str(tmp_path / "anchorage.yaml")
+    ns = cluster["ns"]
+    ns("write_file", doc, "generation: 1\npolicy: {name: hybrid}\n"
+                          "routing: {policy: round_robin, weights: {}}\n...\n")
+    ns = router(policy="agent", config_file=doc, config_poll_s=0.2)
+
+    def policy():
+        deadline = time.time() + 10
+        while True:
+            st = ns("router_status")
+            if time.time() > deadline or st["config"]["generation"]:
+                return st
+            time.sleep(0.2)
+    st = policy()
+    assert st["policy"] == "round_robin" and st["config"]["generation"] == {"*": 1}
+    served = {served_by(completion(ns, [7] * 32, session="s")) for _ in range(6)}
+    assert len(served) == 3                            # round robin ignores the session
+    ns("write_file", doc, "generation: 2\npolicy: {name: hybrid}\nrouting: {policy: composite, "
+                          "weights: {session: 5, queue: 1}}\n...\n")
+    time.sleep(1.0)
+    assert ns("router_status")["policy"] == "composite"
+    # cut short (no end marker): refused like any invalid document, the policy kept
+    ns("write_file", doc, "generation: 3\npolicy: {name: hybrid}\nrouting: {policy: round_")
+    time.sleep(1.0)
+    st = ns("router_status")
+    assert st["policy"] == "composite" and "end marker" in st["config"]["errors"]["*"]
+    ns("write_file", doc, "")                          # emptied: refused, policy kept
+    time.sleep(1.0)
+    st = ns("router_status")
+    assert st["policy"] == "composite" and "empty" in st["config"]["errors"]["*"]
+    assert metric(ns, "anchorage_router_config_rejected_total") == 2
+    assert len({served_by(completion(ns, [8] * 32, session="t")) for _ in range(5)}) == 1
+
+
+def test_livez_needs_no_backend(router, cluster):
+    ns = router(policy="round_robin")
+    for n in cluster["names"]:
+        ns("stop_upstream", n)
+    deadline = time.time() + 10
+    while ns("http", "GET", "/healthz")["status"] != 503:
+        assert time.time() < deadline
+        time.sleep(0.2)
+    assert ns("http", "GET", "/livez")["status"] == 200
+
+
+def test_two_router_replicas_share_their_decisions(router, cluster):
+    ns = router(policy="agent", num_replicas=2)
+    for i in range(40):
+        assert completion(ns, [i % 5] * 64)["status"] == 200
+    time.sleep(0.5)
+    sts = ns("statuses_of_replicas")
+    assert len(sts) == 2
+    assert all(s["sync"]["applied"] > 0 for s in sts), [s["sync"] for s in sts]
