@@ -155,7 +155,7 @@ class AnchorageOffloadingConnector(OffloadingConnector):
     # -- scheduler side -------------------------------------------------------------------
 
     def _start_tracker(self, kv_cache_config) -> None:
-        from anchorage.node_agent.temporal import kv_block_bytes
+        from anchorage.node_agent.vllm_compat import kv_block_bytes
 
         cfg = self.anchorage
         link = cfg.link_gbs * 1e9
