@@ -43,7 +43,8 @@ Usage::
     nice -n 10 .venv/bin/python -m bench.bench_host_tier [--part engine|sim|both]
         [--quick] [--sessions N] [--rate R] [--out bench/results/host_tier.json]
 
-(from the repository root: ``bench`` is a package).
+(from the repository root: ``bench`` is a package). One file over ~400 lines: the two parts
+share the arms, the workload's specification and the summary the target is read from.
 """
 
 from __future__ import annotations
