@@ -5,7 +5,7 @@ PY      ?= python3
 VENV    ?= .venv
 export ANCHORAGE_VENV := $(abspath $(VENV))
 
-.PHONY: demo policies test setup setup-core setup-demo bench clean
+.PHONY: demo policies test test-cluster setup setup-core setup-demo bench clean
 
 # Everything `make test` needs (the dev extra, vLLM's CPU build, Ray, kopf, a Kubernetes
 # 1.20 build, Prometheus).
@@ -32,6 +32,12 @@ policies: setup-core
 
 test: setup
 	@bash scripts/run_tests.sh
+
+# The chart on a real single-node Kubernetes (tests/cluster/): opt-in because, cold, its setup
+# (kubelet, scheduler and proxy builds, the images) and its run exceed what CI's budget leaves.
+test-cluster:
+	@ANCHORAGE_CLUSTER=1 bash scripts/setup.sh
+	@ANCHORAGE_CLUSTER=1 bash scripts/run_tests.sh tests/cluster
 
 # The headline benchmarks of bench/ with their defaults (long: about an hour here); results
 # in bench/results/. The others (router placement sweeps and bound, Ray Serve overhead,

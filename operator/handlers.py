@@ -11,8 +11,10 @@ soon a standby replica takes over from a killed active one; kopf's default 60 s)
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -32,7 +34,21 @@ _prom: dict[str, PrometheusClient] = {}
 @kopf.on.login()
 def login(**kw: Any) -> kopf.ConnectionInfo | None:
     # kopf's own readers (not the kubernetes client's, which fixes $KUBECONFIG at import).
-    return kopf.login_with_service_account(**kw) or kopf.login_with_kubeconfig(**kw)
+    info = kopf.login_with_service_account(**kw)
+    if info is None:
+        return kopf.login_with_kubeconfig(**kw)
+    return dataclasses.replace(info, server=in_cluster_server(os.environ) or info.server)
+
+
+def in_cluster_server(env: Mapping[str, str]) -> str | None:
+    """The API server's URL from the address every pod is given (what client-go and the
+    kubernetes client use): kopf's service-account login names it by cluster DNS
+    (kubernetes.default.svc), which a cluster without DNS, or a pod with another dnsPolicy,
+    cannot resolve. None outside a pod."""
+    host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT")
+    if not host or not port:
+        return None
+    return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
 
 
 @kopf.on.startup()

@@ -1,17 +1,33 @@
 #!/usr/bin/env bash
-# Build kube-apiserver and kube-controller-manager 1.20 from Debian's `kubernetes` source
-# package (no prebuilt binaries are reachable here) and cache them outside the repository.
-# Idempotent: exits at once when both binaries are cached. See ENVIRONMENT.md
-# ("A real Kubernetes API server") for why each step exists.
+# Build Kubernetes 1.20 from Debian's `kubernetes` source package (no prebuilt binaries are
+# reachable here) and cache them outside the repository: the control plane
+# (kube-apiserver, kube-controller-manager) and the node (kubelet, kube-scheduler,
+# kube-proxy, only with ANCHORAGE_CLUSTER=1: the chart's end-to-end test), all in one `make`
+# so the packages they share compile once. The kubelet gets the two changes in
+# scripts/k8s/patches/ (see ENVIRONMENT.md, "A real single-node cluster with running pods").
+# Idempotent: exits at once when every binary asked for is cached and was built with the
+# current patches (a stamp holds their hash).
 #
 #   ANCHORAGE_K8S_CACHE   cache directory (default ~/.cache/anchorage/k8s-1.20)
+#   ANCHORAGE_CLUSTER=1   the node binaries too (about 10 more minutes cold on 2 cores)
 #   prints the cache directory's bin/ path on success as its last line.
 set -euo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
 CACHE="${ANCHORAGE_K8S_CACHE:-$HOME/.cache/anchorage/k8s-1.20}"
 BIN="$CACHE/bin"
+BINARIES=(kube-apiserver kube-controller-manager)
+if [ "${ANCHORAGE_CLUSTER:-0}" = 1 ]; then BINARIES+=(kubelet kube-scheduler kube-proxy); fi
 say() { printf '\033[1m[k8s]\033[0m %s\n' "$*" >&2; }
 
-if [ -x "$BIN/kube-apiserver" ] && [ -x "$BIN/kube-controller-manager" ]; then
+# What the cached binaries were built from: the patches' text (the same source tree and
+# patches whichever binaries are asked for; the list is the constant it always was).
+ALL=(kube-apiserver kube-controller-manager kubelet kube-scheduler kube-proxy)
+KEY=$( { echo "${ALL[*]}"; cat "$HERE"/patches/*.patch; } | sha256sum | cut -c1-16)
+cached() {
+  [ "$(cat "$BIN/.build-key" 2>/dev/null)" = "$KEY" ] || return 1
+  for b in "${BINARIES[@]}"; do [ -x "$BIN/$b" ] || return 1; done
+}
+if cached; then
   say "cached: $BIN"
   echo "$BIN"
   exit 0
@@ -46,7 +62,7 @@ if ! ls kubernetes_*.orig.tar.* >/dev/null 2>&1; then
 fi
 
 SRC="$WORK/src"
-if [ ! -f "$SRC/.prepared" ]; then
+if [ "$(cat "$SRC/.prepared" 2>/dev/null)" != "$KEY" ]; then
   say "unpacking and patching"
   rm -rf "$SRC"; mkdir -p "$SRC"
   tar -xf kubernetes_*.orig.tar.* -C "$SRC" --strip-components=1
@@ -61,18 +77,29 @@ if [ ! -f "$SRC/.prepared" ]; then
     # The vendored reflect2 segfaults under go 1.19 on the first custom-resource create.
     rm -f vendor/github.com/modern-go/reflect2/*.go
     cp /usr/share/gocode/src/github.com/modern-go/reflect2/*.go vendor/github.com/modern-go/reflect2/
+    # The project's kubelet changes (oom_score_adj clamp, kernel tunables warned about).
+    for patch in "$HERE"/patches/*.patch; do
+      patch -p1 -s < "$patch"
+    done
   )
-  touch "$SRC/.prepared"
+  echo "$KEY" > "$SRC/.prepared"
 fi
 
-say "building kube-apiserver and kube-controller-manager (~5 min cold, ~2.4 GB build cache)"
+say "building ${BINARIES[*]} (~15 min cold on 2 cores, ~3 GB build cache)"
 mkdir -p "$WORK/home"
-( cd "$SRC" && HOME="$WORK/home" CGO_ENABLED=0 make WHAT="cmd/kube-apiserver cmd/kube-controller-manager" )
-for b in kube-apiserver kube-controller-manager; do
+what=""; for b in "${BINARIES[@]}"; do what="$what cmd/$b"; done
+( cd "$SRC" && HOME="$WORK/home" CGO_ENABLED=0 nice -n "${ANCHORAGE_BUILD_NICE:-10}" make WHAT="${what# }" )
+for b in "${BINARIES[@]}"; do
   f=$(find "$SRC/_output" -type f -name "$b" -perm -u+x | head -1)
   [ -n "$f" ] || { say "build produced no $b"; exit 1; }
-  install -m 0755 "$f" "$BIN/$b"
+  # Copy, then rename: a test starting one of the old binaries never sees a partial file.
+  install -m 0755 "$f" "$BIN/.$b.new" && mv -f "$BIN/.$b.new" "$BIN/$b"
 done
+# A binary of an older build left next to this one would pass for it under the new stamp.
+for b in "${ALL[@]}"; do
+  [[ " ${BINARIES[*]} " == *" $b "* ]] || rm -f "$BIN/$b"
+done
+echo "$KEY" > "$BIN/.build-key"
 if [ "${ANCHORAGE_K8S_KEEP_BUILD:-0}" != "1" ]; then
   say "removing build tree (set ANCHORAGE_K8S_KEEP_BUILD=1 to keep it)"
   rm -rf "$SRC" "$WORK/home"

@@ -61,12 +61,14 @@ def test_kuberay_network_policy_admits_the_operator_at_the_dashboard_only():
     assert peers[0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "router"
 
 
-def test_router_deployment_liveness_ignores_backends_and_updates_roll():
+def test_router_deployment_probes_ignore_backends_and_updates_roll():
     docs = objects(render({"router": {"replicaCount": 2}}))
     dep = one(docs, "Deployment", "-router")
     c = _container(dep, "router")
     assert c["livenessProbe"]["httpGet"]["path"] == "/livez"
-    assert c["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    # Ready independent of the engines (issue 22): a router waiting for the first model
+    # load stays in the Service and answers 503 error objects.
+    assert c["readinessProbe"]["httpGet"]["path"] == "/livez"
     assert dep["spec"]["strategy"] == {"type": "RollingUpdate",
                                        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
     assert dep["spec"]["replicas"] == 2
