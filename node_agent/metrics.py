@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -43,6 +44,7 @@ class MetricsView:
     decision_seconds: DecisionHistogram | None = None
     access_log_records: int = 0
     tiering: Tiering | None = None  # the snapshot's (node_agent/snapshot.py); None: off
+    host_tier: dict[str, Any] | None = None  # the host tier's (node_agent/offload); None: off
 
 
 class NodeAgentCollector(Collector):
@@ -115,6 +117,7 @@ class NodeAgentCollector(Collector):
         c.add_metric([m], float(v.access_log_records))
         yield c
         yield from tiering_families(m, v.tiering)
+        yield from host_tier_families(m, v.host_tier)
 
 
 TIERING_COUNTERS = (  # (snapshot key, metric, label, help): only from an engine that offloads
@@ -144,6 +147,49 @@ def tiering_families(m: str, t: Tiering | None):
             for k, n in sorted(counts.items()):
                 c.add_metric([m, k], float(n))
             yield c
+
+
+HOST_TIER_COUNTERS = (  # (snapshot key, metric, label, help)
+    ("hits", "anchorage_host_tier_hits", "unit",
+     "Prompt tokens and blocks served from host memory (loads at admission and warm-ups)."),
+    ("loads", "anchorage_host_tier_loads", "outcome",
+     "Reloads from host memory: in_time (a warm-up brought the prefix before its request), "
+     "late (the request waited for its load), wasted (a warm-up the request did not use)."),
+    ("bytes", "anchorage_host_tier_bytes", "direction",
+     "KV bytes copied (d2h: stores to host memory, h2d: loads)."),
+    ("fallbacks", "anchorage_host_tier_fallbacks", "reason",
+     "Host transfers that failed and were recomputed: store_failed, load_failed, timeout."),
+    ("gate", "anchorage_host_tier_stalls", "decision",
+     "Tool stalls planned by the temporal controller, by gate decision."),
+)
+
+
+def host_tier_families(m: str, h: dict[str, Any] | None):
+    """``anchorage_host_tier_*`` (docs/metrics.md): only from an engine whose KV connector
+    is Anchorage's (``node_agent/offload``), never as made-up zeros."""
+    if h is None:
+        return
+    for key, name, label, doc in HOST_TIER_COUNTERS:
+        c = CounterMetricFamily(name, doc, labels=["model_name", "policy", label])
+        for k, n in sorted(h[key].items()):
+            c.add_metric([m, h["policy"], k], float(n))
+        yield c
+    c = CounterMetricFamily("anchorage_host_tier_stores", "Store transfers to host memory.",
+                            labels=["model_name", "policy"])
+    c.add_metric([m, h["policy"]], float(h["stores"]))
+    yield c
+    g = GaugeMetricFamily("anchorage_host_tier_used_chunks", "Host-memory chunks holding KV.",
+                          labels=["model_name", "policy"])
+    g.add_metric([m, h["policy"]], float(h["used_chunks"]))
+    yield g
+    g = GaugeMetricFamily("anchorage_host_tier_capacity_chunks", "Host-memory chunks the "
+                          "tier may use (cpu_bytes_to_use).", labels=["model_name", "policy"])
+    g.add_metric([m, h["policy"]], float(h["capacity_chunks"]))
+    yield g
+    g = GaugeMetricFamily("anchorage_host_tier_capacity_bytes", "Host memory the tier may "
+                          "use, bytes.", labels=["model_name", "policy"])
+    g.add_metric([m, h["policy"]], float(h["capacity_bytes"]))
+    yield g
 
 
 def make_registry(view: Callable[[], MetricsView]) -> CollectorRegistry:

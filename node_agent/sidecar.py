@@ -13,8 +13,9 @@ Runs next to one engine (asyncio, one process). Every ``tick_s``, in this order:
    document read); while a plugin is expected but has not written a fresh snapshot,
    nothing changes;
 5. resolves pending warm-ups (``node_agent.ledger.WarmupLedger``: used or wasted);
-6. ``_send_reloads``: the temporal controller's reloads that are due
-   (``tiering.pending_reloads``, ``anchorage.warmup.ReloadScheduler``: the session's last
+6. ``_send_reloads``: the temporal controller's and the host tier's reloads that are due
+   (``tiering.pending_reloads``, ``host_tier.json``'s ``pending_reloads``;
+   ``anchorage.warmup.ReloadScheduler``: the session's last
    prompt, ``max_tokens`` = 1, ``anchorage.warmup`` = 1, its session id and cache salt);
 7. ``_send_warmups``: asks ``anchorage.warmup.WarmupScheduler`` which predicted agents to
    warm (anchors known from the plugin's registry; cached ones, from the engine's KV
@@ -23,7 +24,8 @@ Runs next to one engine (asyncio, one process). Every ``tick_s``, in this order:
    "anchorage.agent": ...}`` and the anchor's ``cache_salt`` (``anchorage.warmup.anchor_body``;
    docs/request-metadata.md).
 
-Steps 6 and 7 need the engine answering and a fresh snapshot.
+Steps 6 and 7 need the engine answering; step 7 and the temporal controller's reloads a
+fresh plugin snapshot (the host tier's reloads come with their own file, checked for age).
 
 HTTP (bound to 127.0.0.1 unless told otherwise): ``/metrics``, ``/healthz`` (the loop
 runs), ``/readyz`` (the engine answered and the snapshot is fresh; with the plugin off,
@@ -49,6 +51,7 @@ from anchorage.node_agent.engine_client import EngineClient
 from anchorage.node_agent.kv_events import CacheTracker, KVEventSubscriber, anchor_key
 from anchorage.node_agent.ledger import WarmupLedger
 from anchorage.node_agent.metrics import MetricsView, make_registry
+from anchorage.node_agent.offload.tracker import read_host_tier
 from anchorage.node_agent.sidecar_config import ConfigFollower, SidecarConfig
 from anchorage.node_agent.snapshot import (Anchor, Snapshot, StateError, read_snapshot,
                                            state_path, write_settings)
@@ -73,6 +76,7 @@ class Sidecar:
         self.model_name = config.model_name
         self.snapshot: Snapshot | None = None
         self.snapshot_error: str | None = None
+        self.host_tier: dict[str, Any] | None = None  # the host tier's snapshot (offload)
         self.engine_ok = False
         self._engine_up_s: float | None = None
         self.running = self.waiting = 0
@@ -117,7 +121,7 @@ class Sidecar:
             policy_errors=s.counters.policy_errors if s else 0,
             decision_seconds=s.decision_seconds if s else None,
             access_log_records=self.access_log.kept,
-            tiering=s.tiering if s else None)
+            tiering=s.tiering if s else None, host_tier=self.host_tier)
 
     @property
     def config_generation(self) -> int:
@@ -174,14 +178,18 @@ class Sidecar:
         self.config.poll()
         await self._scrape_engine()
         self._read_snapshot()
+        self._read_host_tier()
         now = time.time()
         s = self.snapshot
         self._follow_config(s, now)
         with self._lock():
             self.ledger.resolve(s, self.tracker, now)
-        if s is None or not self.fresh(now) or not self.engine_ok or self.model_name is None:
+        if not self.engine_ok or self.model_name is None:
             return
-        self._send_reloads(s, now)
+        # the host tier's reloads need no fresh plugin snapshot (its own file is checked)
+        self._send_reloads(s if self.fresh(now) else None, now)
+        if s is None or not self.fresh(now):
+            return
         self._send_warmups(s, now)
 
     def _follow_config(self, s: Snapshot | None, now: float) -> None:
@@ -223,12 +231,23 @@ class Sidecar:
         self.snapshot = s
         self.access_log.take(s)
 
+    def _read_host_tier(self) -> None:
+        """The host tier's snapshot (``anchorage.node_agent.offload``), when the engine has
+        one; a bad file is logged and the previous one kept."""
+        try:
+            h = read_host_tier(self.cfg.state_dir)
+        except ValueError as exc:
+            log.warning("%s", exc)
+            return
+        if h is not None:
+            self.host_tier = h
+
     def _spawn(self, coro) -> None:
         t = asyncio.create_task(coro)
         self._inflight.add(t)
         t.add_done_callback(self._inflight.discard)
 
-    def _send_reloads(self, s: Snapshot, now: float) -> None:
+    def _send_reloads(self, s: Snapshot | None, now: float) -> None:
         for r in self.due_reloads(s, now):
             self._spawn(self._reload(r))
 
@@ -261,10 +280,15 @@ class Sidecar:
     def _anchor_key(s: Snapshot, a: Anchor) -> int | None:
         return anchor_key(a.token_ids, s.block_size, a.cache_salt)
 
-    def due_reloads(self, s: Snapshot, now_s: float) -> list[dict[str, Any]]:
-        """The temporal controller's pending reloads (``tiering.pending_reloads``) whose
-        time has come, rate-limited (``anchorage.warmup.ReloadScheduler``)."""
-        pending = [r.to_json() for r in (s.tiering.pending_reloads or ())] if s.tiering else []
+    def due_reloads(self, s: Snapshot | None, now_s: float) -> list[dict[str, Any]]:
+        """The temporal controller's pending reloads (``tiering.pending_reloads``, and the
+        host tier's just-in-time ones) whose time has come, rate-limited
+        (``anchorage.warmup.ReloadScheduler``)."""
+        pending = ([r.to_json() for r in (s.tiering.pending_reloads or ())]
+                   if s is not None and s.tiering else [])
+        h = self.host_tier  # the host tier's, from a fresh file of its own
+        if h is not None and now_s - h["written_s"] <= self.cfg.snapshot_max_age_s:
+            pending += h["pending_reloads"]
         return self.reloads.due(now_s, pending) if pending else []
 
     async def _send_warmup(self, body: dict[str, Any], counts: dict[str, int],

@@ -33,10 +33,12 @@ class TinyEngine:
 def tiny_engine(*, blocks: int, max_model_len: int, max_num_seqs: int = 4,
                 model_dir: str | Path | None = None, env: dict[str, str] | None = None,
                 register_plugin: bool = True, block_size: int = BLOCK_SIZE,
-                kv_cache_memory_bytes: int = 64 << 20) -> TinyEngine:
+                kv_cache_memory_bytes: int = 64 << 20, **llm_kwargs: Any) -> TinyEngine:
     """Build one engine (``blocks`` includes vLLM's null block). ``model_dir``: where the
     model's config.json goes (default: a new temporary directory). ``register_plugin``:
-    call ``anchorage.node_agent.plugin.register()`` first, as vLLM's plugin loader does."""
+    call ``anchorage.node_agent.plugin.register()`` first, as vLLM's plugin loader does.
+    ``llm_kwargs`` go to ``vllm.LLM`` as well (e.g. ``kv_transfer_config``; an engine with
+    a KV connector must be the only engine of its process: vLLM keeps one per process)."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     model = write_tiny_model(model_dir if model_dir is not None
@@ -56,7 +58,7 @@ def tiny_engine(*, blocks: int, max_model_len: int, max_num_seqs: int = 4,
                   enforce_eager=True, enable_prefix_caching=True, block_size=block_size,
                   kv_cache_memory_bytes=kv_cache_memory_bytes,
                   num_gpu_blocks_override=blocks, max_model_len=max_model_len,
-                  max_num_seqs=max_num_seqs, seed=0, dtype="bfloat16")
+                  max_num_seqs=max_num_seqs, seed=0, dtype="bfloat16", **llm_kwargs)
     finally:
         if registered:
             from anchorage.node_agent import vllm_hooks

@@ -45,20 +45,21 @@ class StallForecaster:
         self.ewma: dict[Hashable, float] = {}
         self.observed = 0
 
-    def _cluster(self, tool: Hashable | None, args: Any) -> Hashable | None:
+    def cluster(self, tool: Hashable | None, args: Any) -> Hashable | None:
+        """The argument cluster of a call of ``tool`` (None without arguments)."""
         if tool is None or args is None:
             return None
         return self.clusters.cluster(tool, args)
 
     def observe(self, gap_s: float, tool: Hashable | None, args: Any = None) -> None:
         gap_s = max(0.0, gap_s)
-        self.gaps.observe(gap_s, tool, self._cluster(tool, args))
+        self.gaps.observe(gap_s, tool, self.cluster(tool, args))
         old = self.ewma.get(tool)
         self.ewma[tool] = gap_s if old is None else (1 - self.w) * old + self.w * gap_s
         self.observed += 1
 
     def predict(self, tool: Hashable | None, args: Any = None, elapsed_s: float = 0.0) -> float:
-        h = self.gaps.specific(tool, self._cluster(tool, args)) if tool is not None else None
+        h = self.gaps.specific(tool, self.cluster(tool, args)) if tool is not None else None
         if h is not None:
             return h.remaining(elapsed_s)
         est = self.estimates.get(tool)

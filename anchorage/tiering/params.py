@@ -20,7 +20,11 @@ engine uses it as is, the simulator through ``TieringConfig``, which extends it)
 plus ``mode`` (``MODES``; default ``tokencake``), ``spatial`` / ``weights``
 (``anchorage.tiering.spatial``) and ``spatial_interval_s`` (0.5 s). Its ``horizon_s`` and
 ``max_sessions`` default to unbounded: the simulator keeps every session's stall until the
-session comes back.
+session comes back. For ``mode="offload"`` (vLLM's offloading connector,
+``anchorage.tiering.sim_offload``): ``host_policy`` (``HOST_POLICIES``, default ``lru``:
+what host memory keeps) and ``reload_ahead`` (default False: the temporal gate protecting a
+stalled session's host copy and the just-in-time reload; with ``anchorage`` or
+``oracle`` only).
 
 ``TemporalParams.from_env(env)``: the engine's configuration (``ANCHORAGE_HOST_BYTES``,
 required, > 0: the host budget in bytes, the offload connector's ``cpu_bytes_to_use``;
@@ -45,7 +49,8 @@ from anchorage.tiering.temporal import GateParams
 ENV_HOST_BYTES = "ANCHORAGE_HOST_BYTES"
 ENV_LINK_GBS = "ANCHORAGE_HOST_LINK_GBS"
 ENV_WATERMARK = "ANCHORAGE_TEMPORAL_WATERMARK"
-MODES = ("off", "naive", "naive-incremental", "temporal", "tokencake")
+MODES = ("off", "naive", "naive-incremental", "temporal", "tokencake", "offload")
+HOST_POLICIES = ("lru", "arc", "anchorage", "oracle")
 UNBOUNDED = 1 << 62
 
 
@@ -106,10 +111,15 @@ class TieringConfig(TemporalParams):
     spatial_interval_s: float = 0.5
     horizon_s: float = math.inf
     max_sessions: int = UNBOUNDED
+    host_policy: str = "lru"
+    reload_ahead: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.mode not in MODES:
             raise ValueError(f"tiering mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.host_policy not in HOST_POLICIES:
+            raise ValueError(f"host_policy must be one of {', '.join(HOST_POLICIES)}, got "
+                             f"{self.host_policy!r}")
         if not self.spatial_interval_s > 0:
             raise ValueError("spatial_interval_s must be > 0")

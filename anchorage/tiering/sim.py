@@ -8,10 +8,14 @@ ends in a tool call swaps the session's whole context out, all its GPU blocks co
 whatever host memory holds, and back in when the tool returns), ``naive-incremental`` (the
 same, copying only blocks host memory lacks), ``temporal`` (the temporal controller,
 ``anchorage.tiering.controller``: the gate, holds, backups and warm-up reloads,
-criticality 0) and ``tokencake`` (temporal plus the spatial policy of
-``anchorage.tiering.spatial``). Every replica gets a ``SimTiering``
+criticality 0), ``tokencake`` (temporal plus the spatial policy of
+``anchorage.tiering.spatial``) and ``offload`` (vLLM's offloading connector: write-through
+stores, loads at admission, ``host_policy`` choosing what host memory keeps,
+``reload_ahead`` the temporal gate and just-in-time reloads;
+``anchorage.tiering.sim_offload``). Every replica gets a ``SimTiering``
 (``anchorage.tiering.replica``) and the eviction wrapper ``TieredEviction`` around its
-policy; the pooled router is refused (tiering needs one pool per replica).
+policy (``offload``: a ``SimOffload``, the policy unwrapped); the pooled router is refused
+(tiering needs one pool per replica).
 
 Reported (``run_tiered``): everything ``run_timed`` reports plus ``tiering`` (mode and
 parameters), ``host_hit_rate`` / ``host_hit_blocks`` / ``host_hit_tokens`` (prefix blocks
@@ -33,6 +37,7 @@ from typing import Any
 from anchorage.tiering.eviction import TieredEviction
 from anchorage.tiering.params import MODES, TieringConfig
 from anchorage.tiering.replica import SimTiering, agent_of
+from anchorage.tiering.sim_offload import SimOffload
 
 __all__ = ["MODES", "SimTiering", "TieringConfig", "agent_of", "run_tiered"]
 
@@ -83,16 +88,18 @@ def run_tiered(records, contexts, cfg, policy: str, router: str = "session", *,
     if router == POOLED:
         raise ValueError("tiering needs one pool per replica (not the pooled router)")
     tool_stop = [r.tool_name is not None or r.tool_duration_ms is not None for r in records]
-    ctl: list[SimTiering] = []
+    ctl: list = []
+    offload = tiering.mode == "offload"
 
     def attach(sim) -> None:
         for rep in sim.replicas:
-            rep.tiering = SimTiering(rep, tiering, tool_stop)
+            rep.tiering = (SimOffload if offload else SimTiering)(rep, tiering, tool_stop)
             ctl.append(rep.tiering)
 
     sim, out = simulate_timed(records, contexts, cfg, policy, router,
                               policy_params=policy_params, router_params=router_params,
-                              wrap_policy=lambda p: TieredEviction(p, agent_of),
+                              wrap_policy=None if offload else (
+                                  lambda p: TieredEviction(p, agent_of)),
                               prepare=attach)
     done, _ = measured_requests(sim)
     host_blocks = sum(r.host_hit_blocks for r in done)
@@ -102,7 +109,7 @@ def run_tiered(records, contexts, cfg, policy: str, router: str = "session", *,
     tot = _merge([c.counters() for c in ctl])
     tot["bytes_moved"] = tot["offload_bytes"] + tot["reload_bytes"]
     out.update(tot)
-    out["reserved_blocks"] = _reserved_blocks(ctl)
+    out["reserved_blocks"] = {} if offload else _reserved_blocks(ctl)
     h = tiering.host
     out["tiering"] = {
         "mode": tiering.mode, "host_capacity_bytes": h.capacity_bytes,
@@ -110,4 +117,7 @@ def run_tiered(records, contexts, cfg, policy: str, router: str = "session", *,
         "block_bytes": ctl[0].bb if ctl else None,
         "watermark": tiering.gate.watermark,
     }
+    if offload:
+        out["tiering"].update(host_policy=tiering.host_policy,
+                              reload_ahead=tiering.reload_ahead)
     return out

@@ -10,7 +10,9 @@ a real Prometheus: each series comes from the code that exports it in production
   spatial tiering (``node_agent.tiering.EngineTiering``), driven by a generated multi-agent
   workload through the simulator's block pool, with the plugin's ``NodeState`` and its
   eviction counters (``block_pool_stats``). Only the temporal-tiering counters are a
-  stand-in: they come from vLLM's offloading connector, which the CPU build has not;
+  stand-in: they come from vLLM's offloading connector, which the CPU build has not; the
+  host tier's series come from the real ``HostTierTracker`` (``node_agent.offload``) fed
+  the events its connector feeds it, its ``host_tier.json`` read by the sidecar;
 - router (``anchorage_router_*``): the real ``RoutingState`` and its ``RouterMetrics``,
   routing requests to two discovered pods;
 - operator (``anchorage_operator_*``): ``anchorage.operator.metrics`` recording reconcile
@@ -177,6 +179,48 @@ class _PluginTiering:
         return PluginTiering(inner, interval=interval)
 
 
+class _HostTier:
+    """The host tier's scheduler-side tracker, fed what ``AnchorageOffloadingConnector``
+    feeds it per request (arrival, blocks from GPU and host memory, the end of a turn with
+    the pool's readings at a tool stall, the worker's transfer statistics and failures),
+    writing the ``host_tier.json`` snapshot the sidecar reads."""
+
+    def __init__(self, workdir: Path):
+        from anchorage.node_agent.offload.tracker import HOST_TIER_FILE, HostTierTracker
+        from anchorage.tiering.host_tier import HostTierConfig
+        from anchorage.tiering.params import TemporalParams
+        from anchorage.tiering.returns import SessionReturns
+
+        params = TemporalParams(host=HostTierConfig(capacity_bytes=256 * 4096))
+        self.used = 0
+        self.tracker = HostTierTracker(SessionReturns(params), capacity_chunks=256,
+                                       chunk_bytes=4096, policy_name="anchorage",
+                                       occupancy=lambda: self.used)
+        self.path = str(workdir / HOST_TIER_FILE)
+
+    def request(self, ctx, pool, n: int) -> None:
+        import math
+
+        from anchorage.tiering.controller import PoolReading, SessionReading
+
+        t, now = self.tracker, time.monotonic()
+        meta = {"session": ctx.session_id, "tool": ctx.tool_name, "agent": ctx.agent_hint}
+        t.arrived(ctx.request_id, meta, [k % 1000 for k in range(ctx.input_length)], now)
+        host = 16 * (n % 3)   # some turns load part of their prefix from host memory
+        t.allocated(ctx.request_id, max(0, ctx.input_length - host - 16), host, 16)
+        blocks = max(1, ctx.input_length // 16)
+        t.finished(ctx.request_id, now, lambda sid: (
+            PoolReading(capacity_blocks=pool.capacity_blocks, free_blocks=pool.num_free_blocks,
+                        cached_free_blocks=pool.num_cached_free_blocks, block_bytes=4096),
+            SessionReading(gpu_blocks=blocks, copy_blocks=0, recompute_s=math.inf),
+            [(sid, i) for i in range(blocks)]))
+        t.transferred(4096 * blocks, 4096 * (host // 16), 1, int(host > 0))
+        if n % 40 == 0:
+            t.failed({"load_failures": 1, "timeouts": int(n % 80 == 0)})
+        self.used = min(256, self.used + 1)
+        t.maybe_write(self.path, 0.2, now)
+
+
 class NodeAgentPod:
     """A real sidecar exporting what a real policy in a (simulated) engine reports."""
 
@@ -192,6 +236,7 @@ class NodeAgentPod:
         workdir.mkdir(parents=True, exist_ok=True)
         self.policy = _PluginTiering(make_policy("hybrid", block_size=16))
         self.state = NodeState(block_size=16)
+        self.host = _HostTier(workdir)
         self.work = pipeline_workload(seed=seed, agents=4, sessions=60, steps=8,
                                       horizon_s=120.0)
         self.pool = BlockPool(128, 16, self.policy)
@@ -230,6 +275,7 @@ class NodeAgentPod:
         self.state.observe(self.policy, ctx, tokens, now_s=time.time())
         if blocks is not None:
             self.live.append(blocks)
+        self.host.request(ctx, self.pool, self._i)
         while len(self.live) > 12:   # twelve requests in flight, the oldest finishes
             self.pool.free(self.live.popleft())
         evicted = self.pool.stats.evictions

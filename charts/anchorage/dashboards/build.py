@@ -244,6 +244,40 @@ def policy() -> gd.Dashboard:
         "blocks x bytes per block (only with ANCHORAGE_TIERING=temporal).",
         [Q(f"sum by (direction) (rate(anchorage_tiering_bytes_total{{{M}}}[{RI}]))",
            "{{direction}}")], unit="Bps", lo=0))
+    d = d.with_row(gd.Row("Host tier (KV connector, docs/tiering.md)"))
+    d = d.with_panel(timeseries(
+        "Prompt tokens from host memory", "Share of prompt tokens vLLM's offloading "
+        "connector loaded from host memory, by host-tier policy (empty without Anchorage's "
+        "connector).",
+        [Q(f"sum by (model_name, policy) (rate(anchorage_host_tier_hits_total{{{M},unit=\"tokens\"}}[{RI}]))"
+           f"\n  / on (model_name) group_left ()\n(sum by (model_name) (rate(vllm:prompt_tokens_total{{{M}}}[{RI}])) > 0)",
+           "{{model_name}} {{policy}}")], unit="percentunit", lo=0, hi=1, w=8))
+    d = d.with_panel(timeseries(
+        "Host reloads, stores and fallbacks", "Reloads from host memory by outcome "
+        "(in_time: a just-in-time warm-up was first; late: the request waited for its "
+        "load), store transfers, tool stalls by gate decision and failed transfers that were "
+        "recomputed, per second.",
+        [Q(f"sum by (outcome) (rate(anchorage_host_tier_loads_total{{{M}}}[{RI}]))",
+           "load {{outcome}}"),
+         Q(f"sum(rate(anchorage_host_tier_stores_total{{{M}}}[{RI}]))", "stores"),
+         Q(f"sum by (decision) (rate(anchorage_host_tier_stalls_total{{{M}}}[{RI}]))",
+           "stall {{decision}}"),
+         Q(f"sum by (reason) (rate(anchorage_host_tier_fallbacks_total{{{M}}}[{RI}]))",
+           "fallback {{reason}}")], lo=0, w=8))
+    d = d.with_panel(timeseries(
+        "Host tier bytes", "KV bytes copied each way per second (d2h: stores, h2d: "
+        "loads).",
+        [Q(f"sum by (direction) (rate(anchorage_host_tier_bytes_total{{{M}}}[{RI}]))",
+           "{{direction}} bytes/s")], unit="Bps", lo=0, w=8))
+    d = d.with_panel(timeseries(
+        "Host occupancy", "Host-memory chunks in use over the tier's capacity "
+        "(cpu_bytes_to_use).",
+        [Q(f"sum by (pod) (anchorage_host_tier_used_chunks{{{M}}})\n  /\n"
+           f"(sum by (pod) (anchorage_host_tier_capacity_chunks{{{M}}}) > 0)", "{{pod}}")],
+        unit="percentunit", lo=0, hi=1, w=18))
+    d = d.with_panel(stat("Host tier capacity", "Host memory the selected engines' host "
+                          "tiers may use (cpu_bytes_to_use).",
+                          Q(f"sum(anchorage_host_tier_capacity_bytes{{{M}}})"), unit="bytes"))
     d = d.with_row(gd.Row("Overhead and configuration"))
     d = d.with_panel(timeseries(
         "Decision latency", "Time to choose eviction victims for one allocation (sampled).",

