@@ -9,6 +9,8 @@ total, ties broken at random) or ``weighted_random`` (probability proportional t
 Filters: ``healthy``; ``overload`` (``max_load`` 64 running+waiting, ``max_kv_usage`` 0.95).
 Scorers:
 - ``queue``: ``1 - (load_r - min) / (max - min)`` (1 for all when equal).
+- ``waiting_queue``: the same over ``waiting_r`` alone (the Gateway API inference
+  extension's ``queue-scorer``, on vLLM's waiting-queue size).
 - ``kv_usage``: ``1 - kv_usage_r``.
 - ``prefix``: ``m_r / len(keys)`` over the router's prefix model (``capacity_blocks``).
 - ``precise_prefix``: the same over the replicas' KV events.
@@ -75,6 +77,13 @@ class QueueScorer(Scorer):
         return [1.0] * len(pos) if hi == lo else [1 - (x - lo) / (hi - lo) for x in loads]
 
 
+class WaitingQueueScorer(Scorer):
+    def score(self, ctx, reps, pos):
+        q = [reps[p].waiting for p in pos]
+        lo, hi = min(q), max(q)
+        return [1.0] * len(pos) if hi == lo else [(hi - x) / (hi - lo) for x in q]
+
+
 class KVUsageScorer(Scorer):
     def score(self, ctx, reps, pos):
         return [1.0 - min(1.0, max(0.0, reps[p].kv_usage)) for p in pos]
@@ -138,7 +147,8 @@ class AnchorScorer(Scorer):
 
 
 SCORERS: dict[str, Callable[..., Scorer]] = {
-    "queue": QueueScorer, "kv_usage": KVUsageScorer, "prefix": PrefixScorer,
+    "queue": QueueScorer, "waiting_queue": WaitingQueueScorer, "kv_usage": KVUsageScorer,
+    "prefix": PrefixScorer,
     "precise_prefix": lambda **kw: PrefixScorer(from_events=True, **kw),
     "session": SessionScorer, "anchor": AnchorScorer,
 }

@@ -48,7 +48,10 @@ from anchorage.policies.base import EvictionPolicy, RequestContext
 from anchorage.policies.registry import make_policy
 from anchorage.pool.block_pool import BlockPool
 from anchorage.routing.base import ReplicaView, Router
+from anchorage.sim import span
 from anchorage.sim.engine import ADMISSIONS, Replica, SimRequest
+from anchorage.sim.programs import PROGRAM_GATES, make_gate
+from anchorage.sim.retention import ContinuumPins, PinParams
 from anchorage.sim.profiles import HardwareProfile
 from anchorage.trace.format import TraceRecord
 
@@ -67,6 +70,11 @@ class TimedConfig:
     max_sessions: int | None = None     # closed loop: concurrent session slots
     warmup_frac: float = 0.0            # with max_sessions: also skip this part of the window
     admission: str = "fcfs"             # replica admission order: "fcfs" | "prefix-aware"
+    decode_spans: bool = True           # simulate pure-decode steps as spans (sim.span)
+    program_gate: str = "none"          # "none" | "thunderagent" (anchorage.sim.programs)
+    program_gate_params: dict | None = None
+    retention: str = "none"             # "none" | "continuum" (anchorage.sim.retention)
+    retention_params: dict | None = None
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -84,6 +92,11 @@ class TimedConfig:
         if self.admission not in ADMISSIONS:
             raise ValueError(f"admission must be one of {', '.join(ADMISSIONS)}, "
                              f"got {self.admission!r}")
+        if self.program_gate not in PROGRAM_GATES:
+            raise ValueError(f"program_gate must be one of {', '.join(PROGRAM_GATES)}, "
+                             f"got {self.program_gate!r}")
+        if self.retention not in ("none", "continuum"):
+            raise ValueError(f"retention must be 'none' or 'continuum', got {self.retention!r}")
         if self.max_sessions is not None and (self.max_sessions < 1 or self.mode != "closed"):
             raise ValueError("max_sessions must be >= 1 and needs closed-loop arrivals")
 
@@ -131,6 +144,10 @@ def _uses_kv_events(router: Router | None) -> bool:
     return router is not None and type(router).on_kv_event is not Router.on_kv_event
 
 
+def _uses_first_token(router: Router | None) -> bool:
+    return router is not None and type(router).on_first_token is not Router.on_first_token
+
+
 # ---------------------------------------------------------------------------------------
 # Workload
 
@@ -151,8 +168,11 @@ def build_workload(records: Sequence[TraceRecord], contexts: Sequence[RequestCon
         warm = bool(rec.extra and rec.extra.get("warmup"))
         ctx.warmup = ctx.warmup or warm
         t = rec.timestamp / 1000.0 * cfg.time_scale
-        reqs.append(SimRequest(ctx, t, session=rec.session_id, index=i,
-                               measured=not warm and t >= cfg.warmup_s))
+        req = SimRequest(ctx, t, session=rec.session_id, index=i,
+                         measured=not warm and t >= cfg.warmup_s)
+        if req.tool is None and rec.tool_duration_ms is not None:
+            req.tool = "tool_use"  # the turn stopped for a tool call (its name unknown)
+        reqs.append(req)
     if cfg.mode == "open":
         return Workload(reqs, list(range(len(reqs))))
     by_session: dict[Hashable, list[int]] = defaultdict(list)
@@ -177,7 +197,7 @@ def build_workload(records: Sequence[TraceRecord], contexts: Sequence[RequestCon
 # ---------------------------------------------------------------------------------------
 # The event loop
 
-_ARRIVE, _STEP_END = 0, 1
+_ARRIVE, _STEP_END, _WAKE, _TICK = 0, 1, 2, 3
 
 
 class ClusterSim:
@@ -199,9 +219,22 @@ class ClusterSim:
             self.pools = [pool_cls(cap, bs, policy_factory()) for _ in range(cfg.replicas)]
             self.replicas = [Replica(i, cfg.profile, p, admission=cfg.admission)
                              for i, p in enumerate(self.pools)]
+        if not pooled and cfg.decode_spans:
+            for rep in self.replicas:
+                rep.spans = True
+        if cfg.retention == "continuum":
+            if pooled:
+                raise ValueError("retention needs one pool per replica (not the pooled router)")
+            for rep in self.replicas:
+                rep.retention = ContinuumPins(PinParams(**(cfg.retention_params or {})))
+        self.gate = None if pooled else make_gate(cfg.program_gate, self.replicas,
+                                                   cfg.program_gate_params)
+        if self.gate is not None:
+            self.router = None  # the gate places programs itself
         self.views = [ReplicaView(index=i, name=f"replica{i}", capacity_blocks=cap,
                                   extra={"max_load": cfg.profile.max_num_seqs})
                       for i in range(cfg.replicas)]
+        self._first_token = _uses_first_token(self.router)
         self._heap: list = []
         self._seq = 0
         self.now = 0.0
@@ -238,7 +271,18 @@ class ClusterSim:
             return
         rep.busy = True
         self._plans[rep.index] = plan
-        self._push(self.now + plan.duration_s, _STEP_END, rep.index)
+        self._push(self.now + plan.duration_s, _STEP_END, (rep.index, plan))
+
+    def _wake_later(self, rep: Replica) -> None:
+        """An idle replica with pinned KV plans again when the first pin expires."""
+        if not rep.busy and rep.retention is not None and rep.retention.pins:
+            self._push(max(self.now, rep.next_wake_s()), _WAKE, rep.index)
+
+    def _cut_span(self, rep: Replica, t: float) -> None:
+        """An arrival at ``t`` ends ``rep``'s decode span at the next step end."""
+        plan = self._plans[rep.index]
+        if plan is not None and plan.steps > 1 and span.truncate(plan, t):
+            self._push(plan.start_s + plan.duration_s, _STEP_END, (rep.index, plan))
 
     def _flush_events(self, rep: Replica) -> None:
         pool = rep.pool
@@ -257,49 +301,87 @@ class ClusterSim:
         for i in first:
             self._push(reqs[i].arrival_s, _ARRIVE, i)
             self.last_start_s = max(self.last_start_s, reqs[i].arrival_s)
-        following = workload.following
+        if self.gate is not None:
+            self._push(self.gate.interval_s, _TICK, None)
+        self._following = workload.following
+        self._reqs = reqs
         while self._heap:
             t, _, kind, obj = heapq.heappop(self._heap)
             self.now = t
             if kind == _ARRIVE:
                 req = reqs[obj]
                 req.arrival_s = t
-                pos = self._pick(req)
-                rep = self.replicas[pos]
-                if not rep.fits_ever(req):
-                    rep.stats.rejected += 1
-                    req.ctx.now_s = t
-                    self.rejected.append(req)
-                    self._session_next(req, following, reqs, t)
-                    continue
-                if self.router is not None:
-                    self.router.on_start(req.ctx, rep.index)
-                rep.enqueue(req)
+                if self.gate is not None:
+                    pos = self.gate.route(req, t)
+                    if pos is None:
+                        continue  # paused: the gate releases it at a check
+                else:
+                    pos = self._pick(req)
+                self._dispatch(req, self.replicas[pos], t)
+            elif kind == _STEP_END:
+                self._step_end(obj, t)
+            elif kind == _WAKE:
+                rep = self.replicas[obj]
                 if not rep.busy:
                     self._start(rep)
-            else:
-                rep = self.replicas[obj]
-                plan = self._plans[obj]
-                self._plans[obj] = None
-                done = rep.finish_step(plan)
-                self._flush_events(rep)
-                for r in done:
-                    self.completed.append(r)
-                    if self.router is not None:
-                        self.router.on_finish(r.ctx, rep.index)
-                    self._session_next(r, following, reqs, t)
-                self._start(rep)
-                if self.pooled and done:  # freed shared blocks may unblock idle schedulers
-                    for other in self.replicas:
-                        if not other.busy and other.has_work:
-                            self._start(other)
+                    self._wake_later(rep)
+            else:  # _TICK: the program gate's periodic check
+                for req, pos in self.gate.check(t):
+                    self._dispatch(req, self.replicas[pos], t)
+                if self._heap or self.gate.busy:
+                    self._push(t + self.gate.interval_s, _TICK, None)
+
+    def _dispatch(self, req: SimRequest, rep: Replica, t: float) -> None:
+        if not rep.fits_ever(req):
+            rep.stats.rejected += 1
+            req.ctx.now_s = t
+            self.rejected.append(req)
+            self._session_next(req, self._following, self._reqs, t)
+            return
+        if self.router is not None:
+            self.router.on_start(req.ctx, rep.index)
+        if rep.busy:
+            self._cut_span(rep, t)
+        rep.enqueue(req)
+        if not rep.busy:
+            self._start(rep)
+            self._wake_later(rep)
+
+    def _step_end(self, obj, t: float) -> None:
+        i, plan = obj
+        if self._plans[i] is not plan or t != plan.start_s + plan.duration_s:
+            return  # a span that an arrival cut short: its old end
+        rep = self.replicas[i]
+        self._plans[i] = None
+        done = rep.finish_step(plan)
+        if self._first_token:
+            for r, _, prefilling in plan.items:
+                if prefilling and r.first_token_s == t:
+                    self.router.on_first_token(r.ctx, rep.index)
+        self._flush_events(rep)
+        for r in done:
+            self.completed.append(r)
+            if self.router is not None:
+                self.router.on_finish(r.ctx, rep.index)
+            if self.gate is not None:
+                self.gate.completed(r, t)
+            self._session_next(r, self._following, self._reqs, t)
+        self._start(rep)
+        self._wake_later(rep)
+        if self.pooled and done:  # freed shared blocks may unblock idle schedulers
+            for other in self.replicas:
+                if not other.busy and other.has_work:
+                    self._start(other)
 
     def _session_next(self, req: SimRequest, following, reqs, t: float) -> None:
         nxt = following.get(req.index)
         if nxt is not None:
             gap = req.next_gap_s if req.next_gap_s is not None else self.cfg.think_s
             self._push(t + gap, _ARRIVE, nxt)
-        elif self._pending:  # the session ended: its slot goes to the next session
+            return
+        if self.gate is not None and req.session is not None:
+            self.gate.ended(req.session)
+        if self._pending:  # the session ended: its slot goes to the next session
             i = self._pending.pop()
             start = max(t, reqs[i].arrival_s)
             self.last_start_s = start

@@ -200,6 +200,22 @@ class SimTiering:
             self.spatial.update(now, [st.agent for st in self.sessions.values() if st.pending],
                                 self._load)
 
+    def next_due_s(self) -> float:
+        """The earliest time ``on_step`` has something to do: a copy out completing, a
+        warm-up reload due, a held block's deadline, the next spatial update (a decode
+        span, ``anchorage.sim.span``, ends there)."""
+        t = math.inf
+        if self._d2h:
+            t = self._d2h[0][0]
+        if self._due and self._due[0][0] < t:
+            t = self._due[0][0]
+        top = self.policy.held.peek() if self.policy.held else None
+        if top is not None and top[0] < t:
+            t = top[0]
+        if self.spatial is not None and self.spatial._next < t:
+            t = self.spatial._next
+        return t
+
     def order_waiting(self, now: float) -> None:
         if self.spatial is not None:
             self.spatial.order_waiting()
