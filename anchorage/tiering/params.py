@@ -45,7 +45,7 @@ from anchorage.tiering.temporal import GateParams
 ENV_HOST_BYTES = "ANCHORAGE_HOST_BYTES"
 ENV_LINK_GBS = "ANCHORAGE_HOST_LINK_GBS"
 ENV_WATERMARK = "ANCHORAGE_TEMPORAL_WATERMARK"
-MODES = ("off", "naive", "naive-incremental", "temporal", "tokencake")
+MODES = ("off", "naive", "naive-incremental", "store-all", "temporal", "tokencake")
 UNBOUNDED = 1 << 62
 
 

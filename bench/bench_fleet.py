@@ -1,0 +1,215 @@
+"""The headline benchmark: Anchorage against the peer stacks, on coding-agent workloads,
+with a real memory hierarchy (issue 23), in the timed simulator.
+
+Matrix: workloads (``bench.fleet_workloads``: real WEKA Claude Code sessions, SWE-agent
+trajectories, generated multi-agent sessions with WEKA tool gaps, the Mooncake
+conversation trace) x stacks (``anchorage.fleet.stacks``: the peers as they ship, Anchorage
+and its ablations, the limits) x load x seed, on one node of ``--replicas`` replicas of
+``--profile`` with the memory hierarchy of ``anchorage.fleet.hierarchy`` (HBM as vLLM sizes
+it, ``--host-gb-per-gpu`` of host DRAM per GPU, ``--link-gbs`` per GPU each way over PCIe
+Gen5 x16, ``--gpus-per-link`` GPUs per link).
+
+Load: closed loop of ``load x GPUs`` concurrent sessions (sessions per GPU), each point
+simulating ``max(--min-sessions, --sessions-per-slot x slots)`` sessions (WEKA: at most
+its 710) drawn with the seed; the metrics cover the steady state (the first 20 % of the
+window excluded). Mooncake has no sessions: open loop at ``load`` requests/s per GPU (the
+trace's timestamps rescaled). Metrics and summaries: ``anchorage.fleet.run``,
+``bench.fleet_report`` (goodput at the SLO, knee, ratios to the best peer and the limit).
+
+Writes ``--out`` (JSON: every run, the summary, the setting, meta), ``--md`` (the tables),
+``--plot`` (goodput vs load per stack, one panel per workload). Runs are cached in
+``--cache`` (JSON lines, one per finished run): an interrupted matrix resumes; ``--jobs N``
+runs them in parallel (``bench.harness``). ``--quick``: a small matrix for the README
+(peers, Anchorage, the HBM limit; one seed; three loads; small workloads), under ten
+minutes on two cores.
+
+Usage::
+
+    .venv/bin/python -m bench.bench_fleet --quick
+    nice -n 10 .venv/bin/python -m bench.bench_fleet --jobs 2 \\
+        --cache bench/results/fleet_runs.jsonl --out bench/results/fleet.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from anchorage.fleet.hierarchy import MemoryHierarchy
+from anchorage.fleet.run import Setting, run_stack
+from anchorage.fleet.spec import get_stack, stack_names
+from anchorage.sim.profiles import get_profile
+from anchorage.tiering.host_tier import GB
+from bench import fleet_report, fleet_workloads, harness
+
+ROLE_ORDER = ("peer", "anchorage", "ablation", "limit", "paper")
+PEERS = ["stock", "smg", "llm-d", "llm-d+offload", "dynamo", "dynamo+thunderagent",
+         "production-stack", "continuum"]
+FULL_STACKS = PEERS + ["anchorage", "anchorage-routing", "anchorage-eviction",
+                       "anchorage-admission", "anchorage-host", "anchorage-gate",
+                       "anchorage-spatial", "limit-hbm", "limit-host"]
+QUICK_STACKS = PEERS + ["anchorage", "limit-hbm"]
+# per workload: loads swept and the sessions a point simulates at least
+LOADS = {"weka": [1, 2, 4, 6, 8], "swe": [4, 8, 16, 24, 32], "gen": [8, 16, 32, 48, 64],
+         "mooncake": [0.5, 1.0, 1.5, 2.0, 2.5]}
+QUICK_LOADS = {"weka": [2, 4, 8], "swe": [8, 16, 32], "gen": [16, 32, 64],
+               "mooncake": [0.5, 1.5, 2.5]}
+MIN_SESSIONS = {"weka": 96, "swe": 128, "gen": 256, "mooncake": 0}
+QUICK_MIN = {"weka": 32, "swe": 48, "gen": 96, "mooncake": 0}
+LOAD_UNIT = {"mooncake": "requests/s per GPU"}
+MOONCAKE_RATE = 12031 / 3600.0  # the trace's mean rate, requests/s
+
+
+def sessions_for(job: dict) -> int:
+    if job["workload"] == "mooncake":
+        return 0
+    slots = int(round(job["load"] * job["gpus"]))
+    n = max(job["min_sessions"], int(job["sessions_per_slot"] * slots))
+    return min(n, 710) if job["workload"] == "weka" else n
+
+
+def setting_of(job: dict, block_size: int) -> Setting:
+    prof = get_profile(job["profile"]).with_(block_size=block_size)
+    hier = MemoryHierarchy(host_bytes_per_gpu=job["host_gb_per_gpu"] * GB,
+                           link_gbs_per_gpu=job["link_gbs"], gpus_per_link=job["gpus_per_link"])
+    if job["workload"] == "mooncake":
+        rate = job["load"] * job["replicas"] * prof.devices
+        return Setting(prof, job["replicas"], mode="open", time_scale=MOONCAKE_RATE / rate,
+                       slo_s=job["slo_s"], hierarchy=hier)
+    slots = int(round(job["load"] * job["replicas"] * prof.devices))
+    return Setting(prof, job["replicas"], slots=max(1, slots), slo_s=job["slo_s"],
+                   hierarchy=hier)
+
+
+def one_run(job: dict) -> dict:
+    t0 = time.perf_counter()
+    try:
+        recs, ctxs, bs = fleet_workloads.load(job["workload"], sessions_for(job), job["seed"])
+        res = run_stack(get_stack(job["stack"]), recs, ctxs, setting_of(job, bs))
+    except Exception as exc:  # a stack that crashes is reported, not fatal
+        return {**job, "error": f"{type(exc).__name__}: {exc}",
+                "trace": traceback.format_exc(limit=6)}
+    return {**job, **res, "sessions": sessions_for(job), "wall_s": time.perf_counter() - t0}
+
+
+def make_jobs(args) -> list[dict]:
+    prof = get_profile(args.profile)
+    jobs = []
+    for wl in args.workloads:
+        loads = args.loads or (QUICK_LOADS if args.quick else LOADS)[wl]
+        for stack in args.stacks:
+            for load in loads:
+                for seed in args.seeds:
+                    jobs.append({
+                        "workload": wl, "stack": stack, "load": load, "seed": seed,
+                        "profile": args.profile, "replicas": args.replicas,
+                        "gpus": args.replicas * prof.devices, "slo_s": args.slo_s,
+                        "host_gb_per_gpu": args.host_gb_per_gpu, "link_gbs": args.link_gbs,
+                        "gpus_per_link": args.gpus_per_link,
+                        "sessions_per_slot": args.sessions_per_slot,
+                        "min_sessions": (args.min_sessions if args.min_sessions is not None
+                                         else (QUICK_MIN if args.quick else MIN_SESSIONS)[wl])})
+    return jobs
+
+
+def order() -> list[str]:
+    names = stack_names()
+    return sorted(names, key=lambda n: (ROLE_ORDER.index(get_stack(n).role),
+                                        FULL_STACKS.index(n) if n in FULL_STACKS else 99))
+
+
+def report(rows: list[dict], args) -> dict:
+    roles = {n: get_stack(n).role for n in stack_names()}
+    summary = fleet_report.summarize(rows, args.slo_s, roles)
+    prof = get_profile(args.profile)
+    hier = MemoryHierarchy(host_bytes_per_gpu=args.host_gb_per_gpu * GB,
+                           link_gbs_per_gpu=args.link_gbs, gpus_per_link=args.gpus_per_link)
+    doc = {"setting": {"profile": args.profile, "replicas": args.replicas,
+                       "slo_s": args.slo_s, "hierarchy": hier.describe(prof),
+                       "seeds": args.seeds, "quick": args.quick,
+                       "sessions_per_slot": args.sessions_per_slot},
+           "stacks": {n: get_stack(n).describe() for n in args.stacks},
+           "summary": summary, "runs": rows}
+    harness.write_json(args.out, doc)
+    md = fleet_report.markdown(summary, order(), args.slo_s, LOAD_UNIT)
+    Path(args.md).write_text(md)
+    if args.plot:
+        fleet_report.plot(summary, order(), args.plot, LOAD_UNIT)
+    return doc
+
+
+def parse(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--workloads", default=",".join(fleet_workloads.WORKLOADS))
+    ap.add_argument("--stacks", default=None, help="comma-separated (default: the matrix's)")
+    ap.add_argument("--loads", default=None, help="comma-separated, for every workload")
+    ap.add_argument("--seeds", default=None, help="default 1,2,3 (quick: 1)")
+    ap.add_argument("--profile", default="h200-llama3-8b")
+    ap.add_argument("--replicas", type=int, default=8)
+    ap.add_argument("--slo-s", type=float, default=2.0, help="p90 TTFT target (s)")
+    ap.add_argument("--host-gb-per-gpu", type=float, default=256.0)
+    ap.add_argument("--link-gbs", type=float, default=50.0, help="per GPU, each way")
+    ap.add_argument("--gpus-per-link", type=int, default=1)
+    ap.add_argument("--sessions-per-slot", type=float, default=3.0)
+    ap.add_argument("--min-sessions", type=int, default=None)
+    ap.add_argument("--cache", default=None, help="run cache (JSON lines) to resume from")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--md", default=None)
+    ap.add_argument("--plot", default=None)
+    harness.add_fanout_args(ap)
+    args = ap.parse_args(argv)
+    args.workloads = [w for w in args.workloads.split(",") if w]
+    for w in args.workloads:
+        if w not in fleet_workloads.WORKLOADS:
+            ap.error(f"unknown workload {w!r}; known: {', '.join(fleet_workloads.WORKLOADS)}")
+    args.stacks = (args.stacks.split(",") if args.stacks
+                   else (QUICK_STACKS if args.quick else FULL_STACKS))
+    for s in args.stacks:
+        try:
+            get_stack(s)
+        except ValueError as exc:
+            ap.error(str(exc))
+    args.loads = [float(x) for x in args.loads.split(",")] if args.loads else None
+    args.seeds = ([int(x) for x in args.seeds.split(",")] if args.seeds
+                  else ([1] if args.quick else [1, 2, 3]))
+    tag = "fleet_quick" if args.quick else "fleet"
+    args.out = args.out or str(harness.RESULTS / f"{tag}.json")
+    args.md = args.md or str(Path(args.out).with_suffix(".md"))
+    if args.plot is None:
+        args.plot = str(Path(args.out).with_suffix(".png"))
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    jobs = make_jobs(args)
+    cache = harness.RunCache(args.cache) if args.cache else None
+    t0 = time.perf_counter()
+    done = [0]
+
+    def progress(job, res):
+        done[0] += 1
+        tag = "error" if "error" in res else (f"goodput {res['goodput_per_gpu']:.4f} "
+                                              f"p90 {res['ttft_p90_s']:.2f}s "
+                                              f"cpu {res['cpu_s']:.0f}s")
+        print(f"[{done[0]}/{len(jobs)}] {job['workload']} {job['stack']} load {job['load']:g} "
+              f"seed {job['seed']}: {tag}", file=sys.stderr, flush=True)
+
+    rows = harness.run_jobs(harness.importable(one_run), jobs, harness.Fanout.from_args(args),
+                            cache=cache, on_result=progress)
+    errors = [r for r in rows if "error" in r]
+    doc = report(rows, args)
+    print(Path(args.md).read_text())
+    print(f"{len(rows)} runs ({len(errors)} errors), {time.perf_counter() - t0:.0f} s wall; "
+          f"wrote {args.out}, {args.md}, {args.plot}", flush=True)
+    for e in errors[:5]:
+        print(f"error: {e['workload']} {e['stack']} {e['load']}: {e['error']}", file=sys.stderr)
+    return 1 if errors and len(errors) == len(rows) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
