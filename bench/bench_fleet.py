@@ -9,7 +9,8 @@ and its ablations, the limits) x load x seed, on one node of ``--replicas`` repl
 it, ``--host-gb-per-gpu`` of host DRAM per GPU, ``--link-gbs`` per GPU each way over PCIe
 Gen5 x16, ``--gpus-per-link`` GPUs per link).
 
-Load: closed loop of ``load x GPUs`` concurrent sessions (sessions per GPU), each point
+Load: closed loop of ``load x GPUs`` concurrent sessions (sessions per GPU; session starts
+compressed to 1 ms apart so a slot refills as soon as a session ends), each point
 simulating ``max(--min-sessions, --sessions-per-slot x slots)`` sessions (WEKA: at most
 its 710) drawn with the seed; the metrics cover the steady state (the first 20 % of the
 window excluded). Mooncake has no sessions: open loop at ``load`` requests/s per GPU (the
@@ -52,13 +53,19 @@ FULL_STACKS = PEERS + ["anchorage", "anchorage-routing", "anchorage-eviction",
                        "anchorage-admission", "anchorage-host", "anchorage-gate",
                        "anchorage-spatial", "limit-hbm", "limit-host"]
 QUICK_STACKS = PEERS + ["anchorage", "limit-hbm"]
-# per workload: loads swept and the sessions a point simulates at least
-LOADS = {"weka": [1, 2, 4, 6, 8], "swe": [4, 8, 16, 24, 32], "gen": [8, 16, 32, 48, 64],
-         "mooncake": [0.5, 1.0, 1.5, 2.0, 2.5]}
-QUICK_LOADS = {"weka": [2, 4, 8], "swe": [8, 16, 32], "gen": [16, 32, 64],
-               "mooncake": [0.5, 1.5, 2.5]}
-MIN_SESSIONS = {"weka": 96, "swe": 128, "gen": 256, "mooncake": 0}
-QUICK_MIN = {"weka": 32, "swe": 48, "gen": 96, "mooncake": 0}
+# per workload: loads swept, replicas, seeds, sessions per slot, sessions at least
+LOADS = {"weka": [4, 6, 8, 10, 12], "swe": [16, 32, 64, 128, 192],
+         "gen": [100, 200, 400, 600, 800], "mooncake": [0.25, 0.5, 0.75, 1.0, 1.5]}
+QUICK_LOADS = {"weka": [4, 8, 12], "swe": [16, 64, 192], "gen": [100, 400, 800],
+               "mooncake": [0.25, 0.75, 1.5]}
+REPLICAS = {"weka": 8, "swe": 8, "gen": 4, "mooncake": 8}
+SEEDS = {"weka": [1, 2, 3], "swe": [1, 2], "gen": [1, 2], "mooncake": [1]}
+PER_SLOT = {"weka": 1.5, "swe": 1.5, "gen": 1.2, "mooncake": 0}
+MIN_SESSIONS = {"weka": 64, "swe": 96, "gen": 256, "mooncake": 0}
+QUICK_MIN = {"weka": 24, "swe": 48, "gen": 96, "mooncake": 0}
+# the ablations run where Anchorage's components have something to act on
+FULL_ONLY = {"swe": PEERS + ["anchorage", "limit-hbm", "limit-host"],
+             "mooncake": PEERS + ["anchorage", "limit-hbm", "limit-host"]}
 LOAD_UNIT = {"mooncake": "requests/s per GPU"}
 MOONCAKE_RATE = 12031 / 3600.0  # the trace's mean rate, requests/s
 
@@ -80,8 +87,9 @@ def setting_of(job: dict, block_size: int) -> Setting:
         return Setting(prof, job["replicas"], mode="open", time_scale=MOONCAKE_RATE / rate,
                        slo_s=job["slo_s"], hierarchy=hier)
     slots = int(round(job["load"] * job["replicas"] * prof.devices))
+    # session start times compressed (1 ms apart): a slot refills as soon as it frees
     return Setting(prof, job["replicas"], slots=max(1, slots), slo_s=job["slo_s"],
-                   hierarchy=hier)
+                   hierarchy=hier, time_scale=1e-3)
 
 
 def one_run(job: dict) -> dict:
@@ -100,16 +108,22 @@ def make_jobs(args) -> list[dict]:
     jobs = []
     for wl in args.workloads:
         loads = args.loads or (QUICK_LOADS if args.quick else LOADS)[wl]
-        for stack in args.stacks:
+        reps = args.replicas or (4 if args.quick else REPLICAS[wl])
+        seeds = args.seeds or ([1] if args.quick else SEEDS[wl])
+        stacks = args.stacks
+        if not args.quick and not args.stacks_given and wl in FULL_ONLY:
+            stacks = [s for s in stacks if s in FULL_ONLY[wl]]
+        for stack in stacks:
             for load in loads:
-                for seed in args.seeds:
+                for seed in seeds:
                     jobs.append({
                         "workload": wl, "stack": stack, "load": load, "seed": seed,
-                        "profile": args.profile, "replicas": args.replicas,
-                        "gpus": args.replicas * prof.devices, "slo_s": args.slo_s,
+                        "profile": args.profile, "replicas": reps,
+                        "gpus": reps * prof.devices, "slo_s": args.slo_s,
                         "host_gb_per_gpu": args.host_gb_per_gpu, "link_gbs": args.link_gbs,
                         "gpus_per_link": args.gpus_per_link,
-                        "sessions_per_slot": args.sessions_per_slot,
+                        "sessions_per_slot": (args.sessions_per_slot or
+                                              (1.0 if args.quick else PER_SLOT[wl])),
                         "min_sessions": (args.min_sessions if args.min_sessions is not None
                                          else (QUICK_MIN if args.quick else MIN_SESSIONS)[wl])})
     return jobs
@@ -127,10 +141,13 @@ def report(rows: list[dict], args) -> dict:
     prof = get_profile(args.profile)
     hier = MemoryHierarchy(host_bytes_per_gpu=args.host_gb_per_gpu * GB,
                            link_gbs_per_gpu=args.link_gbs, gpus_per_link=args.gpus_per_link)
-    doc = {"setting": {"profile": args.profile, "replicas": args.replicas,
-                       "slo_s": args.slo_s, "hierarchy": hier.describe(prof),
-                       "seeds": args.seeds, "quick": args.quick,
-                       "sessions_per_slot": args.sessions_per_slot},
+    doc = {"setting": {"profile": args.profile, "slo_s": args.slo_s,
+                       "hierarchy": hier.describe(prof), "quick": args.quick,
+                       "replicas": args.replicas or ("4" if args.quick else REPLICAS),
+                       "seeds": args.seeds or ([1] if args.quick else SEEDS),
+                       "loads": args.loads or (QUICK_LOADS if args.quick else LOADS),
+                       "sessions_per_slot": args.sessions_per_slot or PER_SLOT,
+                       "min_sessions": args.min_sessions or MIN_SESSIONS},
            "stacks": {n: get_stack(n).describe() for n in args.stacks},
            "summary": summary, "runs": rows}
     harness.write_json(args.out, doc)
@@ -147,14 +164,16 @@ def parse(argv=None):
     ap.add_argument("--workloads", default=",".join(fleet_workloads.WORKLOADS))
     ap.add_argument("--stacks", default=None, help="comma-separated (default: the matrix's)")
     ap.add_argument("--loads", default=None, help="comma-separated, for every workload")
-    ap.add_argument("--seeds", default=None, help="default 1,2,3 (quick: 1)")
+    ap.add_argument("--seeds", default=None,
+                    help="default per workload (WEKA 1,2,3; SWE, gen 1,2; Mooncake 1); quick: 1")
     ap.add_argument("--profile", default="h200-llama3-8b")
-    ap.add_argument("--replicas", type=int, default=8)
+    ap.add_argument("--replicas", type=int, default=None,
+                    help="default per workload (8; gen 4); quick: 4")
     ap.add_argument("--slo-s", type=float, default=2.0, help="p90 TTFT target (s)")
     ap.add_argument("--host-gb-per-gpu", type=float, default=256.0)
     ap.add_argument("--link-gbs", type=float, default=50.0, help="per GPU, each way")
     ap.add_argument("--gpus-per-link", type=int, default=1)
-    ap.add_argument("--sessions-per-slot", type=float, default=3.0)
+    ap.add_argument("--sessions-per-slot", type=float, default=None)
     ap.add_argument("--min-sessions", type=int, default=None)
     ap.add_argument("--cache", default=None, help="run cache (JSON lines) to resume from")
     ap.add_argument("--out", default=None)
@@ -166,6 +185,7 @@ def parse(argv=None):
     for w in args.workloads:
         if w not in fleet_workloads.WORKLOADS:
             ap.error(f"unknown workload {w!r}; known: {', '.join(fleet_workloads.WORKLOADS)}")
+    args.stacks_given = bool(args.stacks)
     args.stacks = (args.stacks.split(",") if args.stacks
                    else (QUICK_STACKS if args.quick else FULL_STACKS))
     for s in args.stacks:
@@ -174,8 +194,7 @@ def parse(argv=None):
         except ValueError as exc:
             ap.error(str(exc))
     args.loads = [float(x) for x in args.loads.split(",")] if args.loads else None
-    args.seeds = ([int(x) for x in args.seeds.split(",")] if args.seeds
-                  else ([1] if args.quick else [1, 2, 3]))
+    args.seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else None
     tag = "fleet_quick" if args.quick else "fleet"
     args.out = args.out or str(harness.RESULTS / f"{tag}.json")
     args.md = args.md or str(Path(args.out).with_suffix(".md"))
@@ -202,7 +221,7 @@ def main(argv=None) -> int:
     rows = harness.run_jobs(harness.importable(one_run), jobs, harness.Fanout.from_args(args),
                             cache=cache, on_result=progress)
     errors = [r for r in rows if "error" in r]
-    doc = report(rows, args)
+    report(rows, args)
     print(Path(args.md).read_text())
     print(f"{len(rows)} runs ({len(errors)} errors), {time.perf_counter() - t0:.0f} s wall; "
           f"wrote {args.out}, {args.md}, {args.plot}", flush=True)

@@ -132,9 +132,11 @@ def plot(summary: dict, order: Sequence[str], path: str, load_unit: dict) -> str
     for ax, (wl, stacks) in zip(axes[0], summary.items()):
         for s in [x for x in order if x in stacks]:
             v = stacks[s]
+            if v["role"] not in ("peer", "anchorage", "limit"):
+                continue  # ablations and paper rows are in the tables
             xs = [c["load"] for c in v["curve"]]
             ys = [c["goodput_per_gpu"] or 0.0 for c in v["curve"]]
-            style = "-" if v["role"] in ("peer", "anchorage", "limit") else ":"
+            style = "--" if v["role"] == "limit" else "-"
             lw = 2.4 if v["role"] in ("anchorage", "limit") else 1.2
             ax.plot(xs, ys, style, marker="o", ms=3, lw=lw, label=s)
         ax.set_title(wl)

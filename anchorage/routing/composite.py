@@ -33,7 +33,6 @@ from anchorage.policies.base import RequestContext
 from anchorage.routing.agent import agent_label
 from anchorage.routing.base import ReplicaView, Router, healthy_positions
 from anchorage.routing.bounded import BoundedLRU
-from anchorage.routing.events import AllBlocksCleared, BlockRemoved, BlockStored
 from anchorage.routing.keys import agent_id
 from anchorage.routing.load import load_score
 from anchorage.routing.prefix_index import PrefixIndex
@@ -110,14 +109,8 @@ class PrefixScorer(Scorer):
             self.index.insert(replica, ctx.keys)
 
     def on_kv_event(self, replica, event):
-        if not self.from_events:
-            return
-        if isinstance(event, BlockStored):
-            self.index.insert(replica, list(event.keys))
-        elif isinstance(event, BlockRemoved):
-            self.index.remove(replica, event.keys)
-        elif isinstance(event, AllBlocksCleared):
-            self.index.clear(replica)
+        if self.from_events:
+            self.index.apply_event(replica, event)
 
     def on_replica_removed(self, replica):
         self.index.clear(replica)

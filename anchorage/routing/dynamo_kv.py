@@ -36,8 +36,7 @@ from typing import Any, Sequence
 
 from anchorage.policies.base import RequestContext
 from anchorage.routing.base import ReplicaView, Router, healthy_positions
-from anchorage.routing.events import AllBlocksCleared, BlockRemoved, BlockStored
-from anchorage.routing.prefix_index import PrefixIndex
+from anchorage.routing.prefix_index import PrefixIndex, held_prefix_len
 
 TIE_EPSILON = 1e-5
 
@@ -79,15 +78,7 @@ class _Active:
         """Keys not among the blocks in flight. Keys are chained (a key stands for its
         prefix) and each request adds a whole chain prefix, so the keys in flight are a
         prefix of ``keys``: a binary search finds its end."""
-        b = self.blocks
-        lo, hi = 0, len(keys)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if keys[mid - 1] in b:
-                lo = mid
-            else:
-                hi = mid - 1
-        return len(keys) - lo
+        return len(keys) - held_prefix_len(keys, self.blocks)
 
 
 class DynamoKVRouter(Router):
@@ -168,14 +159,7 @@ class DynamoKVRouter(Router):
                     del a.blocks[k]
 
     def on_kv_event(self, replica: int, event: Any) -> None:
-        if isinstance(event, BlockStored):
-            self.index.insert(replica, list(event.keys))
-        elif isinstance(event, BlockRemoved):
-            self.index.remove(replica, event.keys)
-        elif isinstance(event, AllBlocksCleared):
-            self.index.clear(replica)
-        else:
-            raise TypeError(f"unknown KV event {type(event).__name__}")
+        self.index.apply_event(replica, event)
 
     def on_replica_removed(self, replica: int) -> None:
         self.index.clear(replica)

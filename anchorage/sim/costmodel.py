@@ -54,6 +54,13 @@ def step_time_s(profile: HardwareProfile, prefill: Iterable[tuple[int, int]],
     kv_tokens_read += ctx_dec
     if tokens == 0:
         return 0.0
+    return _step_s(profile, tokens, attn_flops, kv_tokens_read)
+
+
+def _step_s(profile: HardwareProfile, tokens: int, attn_flops: float,
+            kv_tokens_read: int) -> float:
+    """The roofline of a step of ``tokens`` new tokens (the module's ``t``)."""
+    m = profile.model
     nbytes = m.weight_bytes + m.kv_bytes_per_token * (kv_tokens_read + tokens)
     g = profile.devices
     t_compute = compute_time_s(profile, 2.0 * m.params * tokens, attn_flops)
@@ -91,17 +98,7 @@ def decode_step_s(profile: HardwareProfile, n: int, context_sum: int) -> float:
         return 0.0
     m = profile.model
     ctx_dec = context_sum + n
-    attn_flops = 0.0 + 4.0 * m.layers * m.hidden * ctx_dec
-    nbytes = m.weight_bytes + m.kv_bytes_per_token * (ctx_dec + n)
-    g = profile.devices
-    t_compute = compute_time_s(profile, 2.0 * m.params * n, attn_flops)
-    t_memory = nbytes / (g * profile.mem_bw_bytes_s * profile.mbu)
-    t = max(t_compute, t_memory) + profile.step_overhead_s
-    if g > 1 and profile.link_bw_bytes_s > 0:
-        act = n * m.hidden * m.dtype_bytes
-        t += 2 * m.layers * (profile.link_latency_s
-                             + 2.0 * (g - 1) / g * act / profile.link_bw_bytes_s)
-    return t
+    return _step_s(profile, n, 0.0 + 4.0 * m.layers * m.hidden * ctx_dec, ctx_dec)
 
 
 def decode_span_ends(profile: HardwareProfile, n: int, context_sum: int, k: int,

@@ -54,10 +54,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from anchorage.policies.admission import admission_order
 from anchorage.policies.base import RequestContext
 from anchorage.pool.block_pool import Allocation, BlockPool
-from anchorage.sim import span
+from anchorage.sim import queues, span
 from anchorage.sim.costmodel import step_time_s
 from anchorage.sim.profiles import HardwareProfile
 
@@ -241,7 +240,7 @@ class Replica:
                     self._unpin(self.retention.latest())  # a pin goes before a request
                     self.retention.released_early += 1
                     continue
-                victim = self._victim(i)
+                victim = queues.victim(self, i)
                 self._preempt(victim, now)
                 preempted = True
                 if victim is r:
@@ -258,9 +257,9 @@ class Replica:
             if tier is not None and waiting:
                 tier.order_waiting(now)
             elif self.admission == "prefix-aware" and len(waiting) > 1:
-                self._order_prefix_aware(now)
+                queues.order_prefix_aware(self, now)
             elif self.admission == "program-fcfs" and len(waiting) > 1:
-                self._order_program_fcfs()
+                queues.order_program_fcfs(self)
             while waiting and budget > 0 and len(running) < p.max_num_seqs:
                 r = waiting[0]
                 ctx = r.ctx
@@ -328,29 +327,6 @@ class Replica:
             plan = span.extend(self, plan, now, horizon)
         return plan
 
-    def _victim(self, first: int) -> SimRequest:
-        """The running request to preempt, among those not scheduled yet this step
-        (``running[first:]``): the last one (vLLM), or under program-level FCFS the one
-        whose session arrived last (``anchorage.sim.retention``)."""
-        running = self.running
-        if self.admission != "program-fcfs":
-            return running.pop()
-        start = self._program_start
-        j = max(range(first, len(running)),
-                key=lambda i: (start.get(running[i].session, running[i].arrival_s), i))
-        return running.pop(j)
-
-    def _order_program_fcfs(self) -> None:
-        mark = (self._arrivals, self.pool.sim_free_epoch)
-        if mark == self._sorted_at:
-            return
-        self._sorted_at = mark
-        start = self._program_start
-        w = sorted(self.waiting, key=lambda r: (r.preemptions == 0,
-                                                start.get(r.session, r.arrival_s), r.arrival_s))
-        self.waiting.clear()
-        self.waiting.extend(w)
-
     def _unpin(self, session) -> None:
         alloc, _ = self.retention.pins.pop(session)
         self.pool.free(alloc)
@@ -364,26 +340,6 @@ class Replica:
     def next_wake_s(self) -> float:
         """When this replica must plan again even with nothing running (a pin expires)."""
         return self.retention.next_expiry_s() if self.retention is not None else float("inf")
-
-    def _order_prefix_aware(self, now: float) -> None:
-        """Sort ``waiting`` by ``admission_order`` (preempted requests first, in order)
-        when something arrived or was released since the last sort."""
-        pool = self.pool
-        mark = (self._arrivals, pool.sim_free_epoch)
-        if mark == self._sorted_at:
-            return
-        self._sorted_at = mark
-        resume = [r for r in self.waiting if r.preemptions > 0]
-        rest = [r for r in self.waiting if r.preemptions == 0]
-        if len(rest) > 1:
-            rest = admission_order(
-                rest, lambda r: (pool.blocks_needed(r.prefill_target)
-                                 - pool.num_hit_blocks(r.ctx.keys, r.ctx.input_length)),
-                lambda r: r.arrival_s, now)
-        w = self.waiting
-        w.clear()
-        w.extend(resume)
-        w.extend(rest)
 
     def finish_step(self, plan: StepPlan) -> list[SimRequest]:
         """Apply a finished step; returns the requests that completed (blocks freed)."""

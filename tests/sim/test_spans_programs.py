@@ -115,7 +115,8 @@ def test_program_fcfs_orders_by_session_start_and_preempts_the_latest_session():
     rep.plan_step(3.0)
     assert [r.index for r in rep.running] == [1]
     assert [r.index for r in rep.waiting] == [3, 2]
-    assert rep._victim(0).index == 1
+    from anchorage.sim.queues import victim
+    assert victim(rep, 0).index == 1
 
 
 def test_thunderagent_gate_runs_and_accounts_for_every_request():

@@ -6,8 +6,9 @@ eviction ``hybrid``, admission ``prefix-aware`` (``anchorage.policies.admission`
 tier ``tokencake`` (the temporal gate, demotion and warm-up of ``anchorage.tiering``, plus
 the spatial reservation). Ablations (``anchorage-<component>``):
 
-- ``-routing``: the Dynamo KV router (``dynamo_kv``), the strongest peer router of the
-  quick matrix;
+- ``-routing``: llm-d's scheduler (``llm_d``: precise prefix, KV utilisation and queue
+  scorers), the router of the strongest peer on WEKA in the first runs (llm-d with CPU
+  offload);
 - ``-eviction``: vLLM's LRU (every peer's);
 - ``-admission``: FCFS (vLLM's);
 - ``-host``: the peers' host policy, every turn's new blocks stored, reloaded at admission
@@ -31,8 +32,7 @@ FULL = StackSpec(
     tiering="tokencake")
 
 ABLATIONS = {
-    "routing": dict(router="dynamo_kv",
-                    router_params={"overlap_score_weight": 1.0, "block_size": "$block_size"}),
+    "routing": dict(router="llm_d"),
     "eviction": dict(policy="lru"),
     "admission": dict(admission="fcfs"),
     "host": dict(tiering="store-all"),
