@@ -126,6 +126,11 @@ def make_jobs(args) -> list[dict]:
                                               (1.0 if args.quick else PER_SLOT[wl])),
                         "min_sessions": (args.min_sessions if args.min_sessions is not None
                                          else (QUICK_MIN if args.quick else MIN_SESSIONS)[wl])})
+    # the headline rows first (peers, Anchorage, the HBM limit), seed by seed, so that a
+    # matrix cut short has every stack's curve for the first seeds
+    first = set(PEERS) | {"anchorage", "limit-hbm"}
+    jobs.sort(key=lambda j: (j["stack"] not in first, j["seed"], j["workload"] != "weka",
+                             j["load"]))
     return jobs
 
 

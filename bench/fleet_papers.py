@@ -186,6 +186,55 @@ def compare(rows: list[dict]) -> dict:
     return out
 
 
+# (paper, arm, baseline, metric, "higher" or "lower" is better, the paper's claim)
+RATIOS = [
+    ("cachewise", "cachewise-paper", "vllm-prefix-aware", "token_goodput", "higher", "1.2-1.6x"),
+    ("cachewise", "cachewise-paper", "vllm-prefix-aware", "session_service_mean_s", "lower",
+     "1.7-2x lower"),
+    ("cachewise", "cachewise-paper", "vllm", "token_goodput", "higher", "1.64-2x"),
+    ("cachewise", "cachewise-paper", "vllm", "session_service_mean_s", "lower",
+     "2.7-3.5x lower"),
+    ("cachewise", "cachewise-paper", "vllm", "evictions", "lower", "2-2.6x fewer"),
+    ("cachewise", "cachewise-anchorage", "vllm-prefix-aware", "token_goodput", "higher", "-"),
+    ("cachewise", "vllm-prefix-aware", "vllm", "token_goodput", "higher", "1.38-1.7x"),
+    ("cachescout", "cachescout-paper", "vllm", "gpu_hit_rate", "points", "+10-18 points"),
+    ("cachescout", "cachescout-paper", "vllm", "ttft_mean_s", "lower", "-18-45 %"),
+    ("cachescout", "cachescout-paper", "vllm", "turns_per_s_per_gpu", "higher",
+     "+19-57 % (peak)"),
+    ("cachescout", "cachescout-anchorage", "vllm", "gpu_hit_rate", "points", "-"),
+    ("cachescout", "hybrid", "vllm", "gpu_hit_rate", "points", "-"),
+    ("tokencake", "tokencake-paper", "vllm-retain", "session_time_mean_s", "lower",
+     "-47 % (1.0 QPS)"),
+    ("tokencake", "tokencake-paper", "vllm", "session_time_mean_s", "lower", "-47 % (1.0 QPS)"),
+    ("tokencake", "tokencake-paper", "offload-alone", "host_link_bytes", "lower", "-51 %"),
+    ("tokencake", "tokencake-anchorage", "vllm", "session_time_mean_s", "lower", "-"),
+    ("tokencake", "tokencake-anchorage", "offload-alone", "host_link_bytes", "lower", "-"),
+]
+
+
+def ratio_text(a: float | None, b: float | None, kind: str) -> str:
+    if a is None or b is None:
+        return "-"
+    if kind == "points":
+        return f"{100 * (a - b):+.1f} points"
+    if b == 0:
+        return "-"
+    if kind == "higher":
+        return f"{a / b:.2f}x"
+    return f"{(a - b) / b:+.1%}"
+
+
+def markdown(summary: dict) -> str:
+    lines = ["| paper | arm vs baseline | metric | load | simulated | paper's claim |",
+             "|---|---|---|---|---|---|"]
+    for paper, arm, base, metric, kind, claim in RATIOS:
+        for load, arms in summary.get(paper, {}).items():
+            a, b = arms.get(arm, {}).get(metric), arms.get(base, {}).get(metric)
+            lines.append(f"| {paper} | {arm} vs {base} | {metric} | {load} | "
+                         f"{ratio_text(a, b, kind)} | {claim} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--papers", default="cachewise,cachescout,tokencake")
@@ -209,6 +258,9 @@ def main(argv=None) -> int:
                             cache=cache, on_result=progress)
     summary = compare(rows)
     harness.write_json(args.out, {"claims": CLAIMS, "summary": summary, "runs": rows})
+    md = markdown(summary)
+    Path(args.out).with_suffix(".md").write_text(md)
+    print(md)
     print(Path(args.out).name, "written", flush=True)
     return 0
 

@@ -101,3 +101,14 @@ def test_summary_ratios_to_the_best_peer_and_the_limit():
 def test_coarsen_keeps_the_last_id_of_each_group():
     assert coarsen([1, 2, 3, 4, 5, 6, 7], 4) == [4, 7]
     assert coarsen([1, 2], 1) == [1, 2]
+
+
+def test_paper_ratio_text_reads_each_metric_in_its_own_direction():
+    from bench.fleet_papers import markdown, ratio_text
+    assert ratio_text(0.6, 0.5, "points") == "+10.0 points"
+    assert ratio_text(3.0, 2.0, "higher") == "1.50x"
+    assert ratio_text(1.0, 2.0, "lower") == "-50.0%"
+    assert ratio_text(None, 2.0, "higher") == "-" and ratio_text(1.0, 0.0, "lower") == "-"
+    md = markdown({"cachewise": {40: {"cachewise-paper": {"token_goodput": 3.0},
+                                      "vllm-prefix-aware": {"token_goodput": 2.0}}}})
+    assert "| cachewise | cachewise-paper vs vllm-prefix-aware | token_goodput | 40 | 1.50x |" in md
