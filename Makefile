@@ -5,18 +5,24 @@ PY      ?= python3
 VENV    ?= .venv
 export ANCHORAGE_VENV := $(abspath $(VENV))
 
-.PHONY: demo policies test setup setup-core bench clean
+.PHONY: demo policies test setup setup-core setup-demo bench clean
 
+# Everything `make test` needs (the dev extra, vLLM's CPU build, Ray, kopf, a Kubernetes
+# 1.20 build, Prometheus).
 setup:
 	@bash scripts/setup.sh
 
 setup-core:
-	@ANCHORAGE_SETUP_CORE_ONLY=1 bash scripts/setup.sh
+	@ANCHORAGE_SETUP_PROFILE=core bash scripts/setup.sh
+
+# Only what the demo needs: the core, vLLM's CPU build, Ray Serve, Prometheus.
+setup-demo:
+	@ANCHORAGE_SETUP_PROFILE=demo bash scripts/setup.sh
 
 # The main job: the whole stack on this machine (two tiny vLLM CPU engines with node agents,
 # the router, Prometheus), stock vLLM + round-robin vs Anchorage hybrid + agent routing on
 # the same multi-agent workload; report in out/demo/.
-demo: setup
+demo: setup-demo
 	@$(VENV)/bin/anchorage demo
 
 # The eviction-policy comparison alone (simulator only; needs just the core install).

@@ -90,6 +90,18 @@ class WarmupScheduler:
         self._last_warm: dict[str, float] = {}
         self._max_tracked = max_tracked
 
+    def reconfigure(self, config: WarmupConfig) -> None:
+        """Put ``config`` in force from the next decision. A new ``rate_per_s`` or ``burst``
+        gets a new bucket holding no more than the old one held (a rate change neither
+        grants a fresh burst nor forgets the warm-ups already spent); cooldowns carry over."""
+        old = self.config
+        self.config = config
+        if (config.rate_per_s, config.burst) != (old.rate_per_s, old.burst):
+            bucket = TokenBucket(config.rate_per_s, config.burst)
+            bucket.tokens = min(float(config.burst), self._bucket.tokens)
+            bucket._last = self._bucket._last
+            self._bucket = bucket
+
     def decide(self, now_s: float, *, running: int, waiting: int, r: float,
                predictions: Sequence[tuple[str, float]], known: Iterable[str],
                cached: Iterable[str] = ()) -> Decision:

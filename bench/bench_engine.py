@@ -65,15 +65,16 @@ class Modes:
 
     def use(self, policy: str | None) -> None:
         from anchorage.node_agent import vllm_block_pool as vbp
+        from anchorage.node_agent import vllm_hooks
 
         from anchorage.policies.registry import make_policy
 
         assert self.llm.reset_prefix_cache()
         vbp.detach(self.pool)
         if policy is None:
-            vbp.uninstall()
+            vllm_hooks.uninstall()
         else:
-            vbp.install(None)
+            vllm_hooks.install(None)
             vbp.attach(self.pool, make_policy(policy, block_size=BS))
 
 
@@ -285,9 +286,9 @@ def main(argv=None) -> int:
         return 0
 
     import vllm
-    from anchorage.node_agent import vllm_block_pool as vbp
+    from anchorage.node_agent import vllm_hooks
 
-    vbp.install(None)  # before the engine exists: its pool gets the patched __init__
+    vllm_hooks.install(None)  # before the engine exists: its pool gets the patched __init__
     llm, pool = build_engine(args.blocks, args.max_model_len, args.max_num_seqs)
     modes = Modes(llm, pool)
     res: dict = {"bench": "engine", "vllm": vllm.__version__, "machine": platform.machine(),

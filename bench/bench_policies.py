@@ -176,8 +176,9 @@ def state_with_agents(n_agents: int = 24) -> dict:
     ctxs = toy_multiagent("random", 3, agents=n_agents, sessions=400)
     pol = make_policy("hybrid", block_size=16)
     replay(ctxs, max(unique_blocks(ctxs) // 10, 64), 16, pol)
+    n = pol.learned_counts()
     return {"model_bytes": pol.model_state_bytes(), "total_bytes": pol.state_size_bytes(),
-            "agents": len(pol.agents), "sessions": len(pol.sessions)}
+            "agents": n.agents, "sessions": n.sessions}
 
 
 def merge(paths: list[str], out: str) -> int:

@@ -164,7 +164,6 @@ def measure(name: str, url: str, layers: dict[str, list[int]], args, workdir: Pa
 
 
 def start_ray(workdir: Path):
-    sys.path.insert(0, str(ROOT))
     from anchorage.router.app import hosting_env
     from anchorage.router.config import RouterConfig
     os.environ.update(hosting_env(RouterConfig(replicas=["http://x"]),
@@ -248,7 +247,6 @@ def serving(args) -> int:
                       "router": pids_named(r"ServeReplica:anchorage-router"),
                       "upstreams": up_pids}
             rows.append(measure(f"anchorage/{n}", "http://127.0.0.1:8000", layers, args, workdir))
-        sys.path.insert(0, str(ROOT))
         import asyncio
         import threading
         from tests.router.fake_upstream import FakeUpstream
@@ -293,7 +291,6 @@ def summary(rows: list[dict], quality: list[dict]) -> dict:
 
 
 def decision(args) -> int:
-    sys.path.insert(0, str(ROOT))
     from anchorage.policies.base import RequestContext
     from anchorage.routing import make_router
     from anchorage.routing.base import ReplicaView

@@ -30,7 +30,7 @@ def vllm_patch_bench(repeat: int, n_requests: int = 3000) -> dict:
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.request import Request
 
-    from anchorage.node_agent import vllm_block_pool
+    from anchorage.node_agent import vllm_block_pool, vllm_hooks
     from anchorage.policies.lru import LRUPolicy
 
     wl = workloads.load("mooncake")
@@ -52,7 +52,7 @@ def vllm_patch_bench(repeat: int, n_requests: int = 3000) -> dict:
     capacity = max(300, unique // 10)
     init_none_hash(sha256)
     hasher = get_request_block_hasher(bs, sha256)
-    vllm_block_pool.install(None)
+    vllm_hooks.install(None)
 
     def one(driven: bool) -> tuple[float, int]:
         spec = FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=8,

@@ -1,13 +1,15 @@
-"""The plugin's view of the operator's config (``ANCHORAGE_CONFIG``): parse, precedence, watch.
+"""The plugin's view of the operator's config (``ANCHORAGE_CONFIG``): precedence and watch.
 
 Specification
 -------------
 Input: the environment (``ANCHORAGE_POLICY``, ``ANCHORAGE_CONFIG``,
 ``ANCHORAGE_CONFIG_CHECK_S``) and the file ``ANCHORAGE_CONFIG`` names, the operator's
-ConfigMap data key ``anchorage.yaml`` (``anchorage.operator.config``)::
+ConfigMap data key ``anchorage.yaml``, parsed by ``anchorage.config`` (the document's one
+parser; its rules, e.g. the end marker ``...``, are in ``anchorage.config.document``)::
 
     generation: 3
-    policy: {name: hybrid, parameters: {survivalThreshold: 0.3, warmup: {...}, ...}}
+    policy: {name: hybrid, parameters: {survivalThreshold: 0.3, rMin: 0.5}}
+    ...
 
 Output: a ``PolicyConfig(name, params, generation, source)``.
 
@@ -15,20 +17,17 @@ Precedence:
 
 1. ``ANCHORAGE_POLICY`` unset, empty or ``off``: the plugin is off; the file is never read
    (the config cannot switch a stock engine on).
-2. Otherwise the policy is ``policy.name`` of the file when it names one, else
-   ``ANCHORAGE_POLICY``.
-3. Parameters are ``policy.parameters`` of the file, in the CRD's names, mapped to the
-   policy's keyword arguments by ``anchorage.autoscale.params`` (``survivalThreshold`` ->
-   ``survival_threshold``, ``rMin`` -> ``r_min``...; other names pass through unchanged).
-   Everything passes through (the operator's tuning names included), except ``warmup``,
-   the sidecar's own warm-up overrides (``docs/node-agent.md``). No file, or a file
-   without ``policy``: the policy's defaults, generation 0.
+2. Otherwise the policy is the document's ``policy.name``; without a file (or before it
+   appears) ``ANCHORAGE_POLICY`` with the policy's defaults, generation 0.
+3. Parameters are the document's ``policy.parameters`` (``anchorage.config.parameters``)
+   as the policy's keyword arguments (``survivalThreshold`` -> ``survival_threshold``,
+   ``prefetch.enabled`` -> ``prefetch``...); omitted ones take the policy's defaults.
 
-A file that is not YAML, not a mapping, whose ``generation`` is not an integer, whose
-``policy`` or ``parameters`` is not a mapping, or that names an unknown or offline-only
-policy is rejected with one ``ConfigError`` line (the caller keeps what it has). Whether
-the policy accepts the parameters is checked by building it (``TypeError``/``ValueError``
--> rejected), which the engine side does (``anchorage.node_agent.reload``).
+A document the parser rejects (empty, truncated, not YAML, an unknown field, a value out
+of range, an unknown or offline-only policy...) is rejected with one ``ConfigError`` line
+(the caller keeps what it has). Whether the policy accepts the parameters is checked by
+building it (``TypeError``/``ValueError`` -> rejected), which the engine side does
+(``anchorage.node_agent.reload``).
 
 Watching: ``ConfigWatcher.poll(now)`` stats the file at most once per ``check_s``
 (default 5 s) and parses it only when ``(mtime_ns, size, inode)`` changed (a ConfigMap
@@ -44,6 +43,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from anchorage.config import document
+from anchorage.config.parameters import ConfigError  # noqa: F401  (raised to callers)
+
 log = logging.getLogger("anchorage.node_agent")
 
 ENV_POLICY = "ANCHORAGE_POLICY"
@@ -51,12 +53,6 @@ ENV_CONFIG = "ANCHORAGE_CONFIG"
 ENV_CHECK_S = "ANCHORAGE_CONFIG_CHECK_S"
 OFF = ("", "off", "none", "stock")
 DEFAULT_CHECK_S = 5.0
-# policy.parameters only the sidecar reads (its warm-up overrides); not passed to the policy
-SIDECAR_ONLY = frozenset({"warmup"})
-
-
-class ConfigError(ValueError):
-    """A config that cannot be applied; the message is one line for the log."""
 
 
 @dataclass(frozen=True)
@@ -88,68 +84,18 @@ def check_interval_s(environ: dict[str, str] | None = None) -> float:
     return max(0.0, v)
 
 
-def policy_params(parameters: Any) -> dict[str, Any]:
-    """CRD-named ``policy.parameters`` -> the policy's keyword arguments."""
-    from anchorage.autoscale.params import flatten, policy_kwargs
-
-    if parameters is None:
-        return {}
-    if not isinstance(parameters, dict):
-        raise ConfigError(f"policy.parameters must be a mapping, not {type(parameters).__name__}")
-    flat = {k: v for k, v in flatten(parameters).items() if k not in SIDECAR_ONLY}
-    return policy_kwargs(flat)
+def _policy_config(doc: document.ConfigDocument) -> PolicyConfig:
+    return PolicyConfig(doc.policy.name, doc.policy.parameters.policy_kwargs(),
+                        doc.generation, "config")
 
 
-def _check_name(name: str) -> str:
-    from anchorage.policies.registry import is_offline, policy_names
-
-    if name not in policy_names(include_offline=True):
-        raise ConfigError(f"policy {name!r} is not a known policy (known: "
-                          f"{', '.join(policy_names(include_offline=False))})")
-    if is_offline(name):
-        raise ConfigError(f"policy {name!r} reads the future and exists only in the simulator")
-    return name
+def parse_policy_config(text: str) -> PolicyConfig:
+    """The policy config a document's text gives. Raises ``ConfigError``."""
+    return _policy_config(document.parse(text))
 
 
-def parse_policy_config(text: str, env_name: str) -> PolicyConfig:
-    """The policy config a file's text gives, ``env_name`` (``ANCHORAGE_POLICY``) being the
-    policy when the file names none. Raises ``ConfigError``."""
-    import yaml
-
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"not valid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
-    if doc is None:
-        doc = {}
-    if not isinstance(doc, dict):
-        raise ConfigError(f"the document must be a mapping, not {type(doc).__name__}")
-    gen = doc.get("generation", 0)
-    if type(gen) is not int or gen < 0:
-        raise ConfigError(f"generation must be a non-negative integer, not {gen!r}")
-    policy = doc.get("policy")
-    if policy is None:
-        return PolicyConfig(_check_name(env_name), {}, gen, "config")
-    if not isinstance(policy, dict):
-        raise ConfigError(f"policy must be a mapping, not {type(policy).__name__}")
-    name = policy.get("name")
-    if name is None:
-        name = env_name
-    elif not isinstance(name, str) or not name.strip():
-        raise ConfigError(f"policy.name must be a policy name, not {name!r}")
-    name = _check_name(name.strip().lower())
-    return PolicyConfig(name, policy_params(policy.get("parameters")), gen, "config")
-
-
-def read_policy_config(path: str, env_name: str) -> PolicyConfig:
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read it ({exc.__class__.__name__}: {exc})") from None
-    return parse_policy_config(text, env_name)
+def read_policy_config(path: str) -> PolicyConfig:
+    return _policy_config(document.read(path))
 
 
 def _file_version(path: str) -> tuple[int, int, int] | None:
@@ -189,7 +135,7 @@ class ConfigWatcher:
 
     def _read(self) -> PolicyConfig | None:
         try:
-            return read_policy_config(self.path, self.env_name)
+            return read_policy_config(self.path)
         except ConfigError as exc:
             self.warn_rejected(str(exc))
             return None

@@ -84,15 +84,15 @@ def register() -> bool:
         log.warning("anchorage: %s=%r reads the future and exists only in the simulator; "
                     "vLLM stays stock", ENV_POLICY, name)
         return False
-    from anchorage.node_agent import vllm_block_pool
+    from anchorage.node_agent import vllm_hooks
 
-    reason = vllm_block_pool.unsupported_reason()
+    reason = vllm_hooks.unsupported_reason()
     if reason is not None:
         log.warning("anchorage: %s; vLLM stays stock", reason)
         return False
     cfg, watcher = startup_config(name)
-    vllm_block_pool.install(cfg.name, cfg.params)
-    vllm_block_pool._config.update(generation=cfg.generation, startup=cfg, watcher=watcher)
+    vllm_hooks.install(cfg.name, cfg.params, generation=cfg.generation, startup=cfg,
+                       watcher=watcher)
     log.info("anchorage: eviction policy %r drives vLLM's block pool (%s, generation %d)",
              cfg.name, "parameters " + str(cfg.params) if cfg.params else "default parameters",
              cfg.generation)

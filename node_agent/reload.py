@@ -44,6 +44,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from anchorage.node_agent import vllm_compat as vc
 from anchorage.node_agent.config import ConfigWatcher, PolicyConfig
 
 log = logging.getLogger("anchorage.node_agent")
@@ -53,7 +54,7 @@ def migrate(pool: Any, policy: Any, old: Any = None) -> Any:
     """Attach ``policy`` to ``pool`` in place of driver ``old`` (or of none) and return the
     new ``PolicyDriver`` (see the module's specification)."""
     from anchorage.node_agent.request_context import anonymous_context
-    from anchorage.node_agent.vllm_block_pool import PolicyDriver, cached_free_block_ids
+    from anchorage.node_agent.vllm_block_pool import PolicyDriver
 
     new = PolicyDriver(pool, policy)
     if old is not None:
@@ -63,18 +64,18 @@ def migrate(pool: Any, policy: Any, old: Any = None) -> Any:
             new.contexts[rid] = c
             new.notify(policy.on_request, c)
     ids, keys = [], []
-    for b in pool.blocks:
+    for b in vc.pool_blocks(pool):
         if b.block_hash is not None and not b.is_null:
             ids.append(b.block_id)
             keys.append(b.block_hash)
     anon = anonymous_context()
     if ids:
         new.notify(policy.on_cached, anon, ids, keys, 0)
-    free = cached_free_block_ids(pool)
+    free = vc.cached_free_block_ids(pool)
     if free:
-        new.notify(policy.on_freed, anon, free)
+        new.hand_over(anon, free)
     new.migrated = {"in_flight": len(new.contexts), "cached": len(ids), "free": len(free)}
-    pool._anchorage_driver = new
+    vc.set_driver(pool, new)
     return new
 
 
@@ -97,7 +98,7 @@ class PolicyReloader:
         return self.current.generation
 
     def _driver(self) -> Any:
-        return getattr(self.pool, "_anchorage_driver", None)
+        return vc.driver(self.pool)
 
     def maybe_reload(self) -> bool:
         """True when a new config was put in force by this call."""
@@ -126,7 +127,7 @@ class PolicyReloader:
         from anchorage.node_agent.tiering import build_policy  # as at start (+ tiering)
 
         try:
-            policy = build_policy(cfg.name, self.pool.hash_block_size, cfg.params)
+            policy = build_policy(cfg.name, vc.hash_block_size(self.pool), cfg.params)
         except (TypeError, ValueError) as exc:
             self.watcher.warn_rejected(f"policy {cfg.name!r} rejects its parameters "
                                        f"{sorted(cfg.params)}: {exc}")
@@ -134,7 +135,7 @@ class PolicyReloader:
         try:
             new = migrate(self.pool, policy, old)
         except Exception as exc:  # noqa: BLE001
-            self.pool._anchorage_driver = old
+            vc.set_driver(self.pool, old)
             self.watcher.warn_rejected(f"swapping in the new policy failed: "
                                        f"{exc.__class__.__name__}: {exc}")
             return False

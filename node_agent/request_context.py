@@ -21,10 +21,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from anchorage.node_agent.vllm_compat import group_suffix
 from anchorage.policies.base import RequestContext
 from anchorage.routing.metadata import from_extra_args
 
-GROUP0 = (0).to_bytes(4, "big")  # make_block_hash_with_group_id(h, 0) == h + GROUP0
+GROUP0 = group_suffix(0)  # make_block_hash_with_group_id(h, 0) == h + GROUP0
 
 _clock: Callable[[], float] = time.monotonic
 

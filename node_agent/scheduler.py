@@ -41,6 +41,8 @@ import os
 import time
 from typing import Any
 
+from anchorage.node_agent import vllm_compat as vc
+
 log = logging.getLogger("anchorage.node_agent")
 
 ENV_SCHEDULER = "ANCHORAGE_SCHEDULER"
@@ -48,12 +50,10 @@ ENV_AGING = "ANCHORAGE_ADMISSION_AGING_S"
 ENV_WINDOW = "ANCHORAGE_ADMISSION_WINDOW"
 PREFIX_AWARE = "prefix-aware"
 STOCK = ("", "off", "none", "stock", "fcfs")
-SUPPORTED_PREFIX = "0.32."
 SYNC_PATH = f"{__name__}.PrefixAwareScheduler"
 ASYNC_PATH = f"{__name__}.PrefixAwareAsyncScheduler"
 MAX_ERRORS = 100
 
-_ORIG: dict[str, Any] = {}
 _warned: set[str] = set()
 
 
@@ -85,23 +85,8 @@ def _env_float(name: str, default: float, positive: bool = True) -> float:
 
 
 def unsupported_reason() -> str | None:
-    try:
-        import vllm
-        from vllm.config.scheduler import SchedulerConfig
-        from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id  # noqa: F401
-        from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: F401
-        from vllm.v1.core.sched.request_queue import FCFSRequestQueue  # noqa: F401
-        from vllm.v1.core.sched.scheduler import Scheduler
-    except Exception as exc:  # noqa: BLE001 - any import failure means "stay stock"
-        return f"vLLM's v1 scheduler cannot be imported ({exc.__class__.__name__}: {exc})"
-    version = getattr(vllm, "__version__", "?")
-    if not str(version).startswith(SUPPORTED_PREFIX):
-        return f"vLLM {version} is not a supported version ({SUPPORTED_PREFIX}x)"
-    if not callable(getattr(SchedulerConfig, "get_scheduler_cls", None)):
-        return f"vLLM {version}: SchedulerConfig.get_scheduler_cls is missing"
-    if not callable(getattr(Scheduler, "schedule", None)):
-        return f"vLLM {version}: Scheduler.schedule is missing"
-    return None
+    """Why this vLLM cannot take the prefix-aware scheduler (None when it can)."""
+    return vc.unsupported_reason("scheduler")
 
 
 def register() -> bool:
@@ -118,11 +103,7 @@ def register() -> bool:
     if reason is not None:
         _warn_once("unsupported", "anchorage: %s; vLLM's stock scheduler", reason)
         return False
-    if not _ORIG:
-        from vllm.config.scheduler import SchedulerConfig
-
-        _ORIG["get_scheduler_cls"] = SchedulerConfig.get_scheduler_cls
-        SchedulerConfig.get_scheduler_cls = _get_scheduler_cls
+    vc.install("scheduler")
     return True
 
 
@@ -135,7 +116,7 @@ def _get_scheduler_cls(self: Any) -> Any:
         elif self.scheduler_cls not in (SYNC_PATH, ASYNC_PATH):
             _warn_once("explicit", "anchorage: %s=%s ignored: the engine's scheduler_cls is "
                        "set to %s", ENV_SCHEDULER, PREFIX_AWARE, self.scheduler_cls)
-    return _ORIG["get_scheduler_cls"](self)
+    return vc.ORIGINALS["SchedulerConfig.get_scheduler_cls"](self)
 
 
 # -- the adapter (vLLM Request <-> admission_order) ----------------------------------------
@@ -165,39 +146,21 @@ class PrefixAwareMixin:
             return
         from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
 
-        pool = self.kv_cache_manager.block_pool
+        pool = vc.scheduler_pool(self)
         self._anchorage_pool = pool
-        self._anchorage_lookup = pool.cached_block_hash_to_block.get_one_block
+        self._anchorage_lookup = vc.cached_lookup(pool)
         self._anchorage_key = make_block_hash_with_group_id
-        self._anchorage_bs = int(pool.hash_block_size)
+        self._anchorage_bs = int(vc.hash_block_size(pool))
         from anchorage.node_agent.tiering import admission_arrival  # ANCHORAGE_TIERING
 
         self._anchorage_arrival = admission_arrival(pool) or _arrival_time
-        pool._anchorage_waiting_demand = self._anchorage_waiting_demand  # node_agent/temporal
+        vc.set_waiting_demand_source(pool, self._anchorage_waiting_demand)  # node_agent/temporal
         self.anchorage_enabled = True
         log.info("anchorage: prefix-aware admission (aging %g s per block, window %d)",
                  self.anchorage_aging_s, self.anchorage_window)
 
     def _anchorage_unsupported(self) -> str | None:
-        from vllm.v1.core.sched.request_queue import FCFSRequestQueue, SchedulingPolicy
-
-        if getattr(self, "policy", None) is not SchedulingPolicy.FCFS:
-            return f"scheduling policy {getattr(self, 'policy', None)!r} is not FCFS"
-        if type(getattr(self, "waiting", None)) is not FCFSRequestQueue:
-            return "the waiting queue is not vLLM's FCFS deque"
-        kvm = getattr(self, "kv_cache_manager", None)
-        if kvm is None or not getattr(kvm, "enable_caching", False):
-            return "prefix caching is off"
-        groups = getattr(getattr(self, "kv_cache_config", None), "kv_cache_groups", None)
-        if groups is None or len(groups) != 1:
-            return f"{len(groups) if groups is not None else 'unknown'} KV-cache groups (1 supported)"
-        pool = getattr(kvm, "block_pool", None)
-        if pool is None or not callable(getattr(getattr(pool, "cached_block_hash_to_block",
-                                                        None), "get_one_block", None)):
-            return "BlockPool.cached_block_hash_to_block.get_one_block is missing"
-        if not isinstance(getattr(pool, "hash_block_size", None), int):
-            return "BlockPool.hash_block_size is missing"
-        return None
+        return vc.prefix_aware_unsupported(self)
 
     def _anchorage_new_blocks(self, request: Any) -> int:
         hashes = request.block_hashes
@@ -219,16 +182,14 @@ class PrefixAwareMixin:
     def _anchorage_waiting_demand(self, k: int = 32) -> list[tuple[int, int]]:
         """(new blocks, tokens) of the first ``k`` waiting requests in queue order: the
         temporal tiering gate's view of the queue (``PoolView.waiting_demand``)."""
-        self._anchorage_lookup = self._anchorage_pool.cached_block_hash_to_block.get_one_block
+        self._anchorage_lookup = vc.cached_lookup(self._anchorage_pool)
         return [(max(0, self._anchorage_new_blocks(r)), int(r.num_tokens))
-                for _, r in zip(range(k), self.waiting)]
+                for _, r in zip(range(k), vc.waiting_queue(self))]
 
     def _anchorage_reorder(self) -> None:
-        from vllm.v1.request import RequestStatus
-
         from anchorage.policies.admission import admission_order
 
-        q = self.waiting
+        q = vc.waiting_queue(self)
         if len(q) < 2:
             if not q:
                 self._anchorage_hits.clear()
@@ -238,7 +199,7 @@ class PrefixAwareMixin:
         rest: list = []
         window = self.anchorage_window
         for r in q:
-            if r.status is not RequestStatus.WAITING or r.num_computed_tokens:
+            if not vc.is_fresh_waiting(r):
                 head.append(r)
             elif len(fresh) < window:
                 fresh.append(r)
@@ -248,7 +209,7 @@ class PrefixAwareMixin:
             return
         pool = getattr(self, "_anchorage_pool", None)
         if pool is not None:  # reset_prefix_cache replaces the map: re-read it each step
-            self._anchorage_lookup = pool.cached_block_hash_to_block.get_one_block
+            self._anchorage_lookup = vc.cached_lookup(pool)
         order = admission_order(fresh, self._anchorage_new_blocks,
                                 self._anchorage_arrival, time.time(),
                                 self.anchorage_aging_s)

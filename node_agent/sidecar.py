@@ -16,7 +16,9 @@ Runs next to one engine (asyncio, one process). Every ``tick_s``:
    ``max_tokens`` = 1 and ``vllm_xargs`` ``{"anchorage.warmup": 1, "anchorage.agent":
    ...}`` (docs/request-metadata.md);
 4. moves the snapshot's sampled requests into the access log (bounded, rate-limited);
-5. re-reads ``ANCHORAGE_CONFIG`` when it changed (generation, warm-up parameters).
+5. re-reads ``ANCHORAGE_CONFIG`` when it changed: its generation, and the warm-up knobs
+   ``policy.parameters`` set (``prefetch.enabled``, ``prefetch.ratePerSecond``, ``rMin``
+   over the command line's ``--no-warmup``, ``--warmup-rate``, ``--warmup-r-min``).
 
 HTTP (bound to 127.0.0.1 unless told otherwise): ``/metrics``, ``/healthz`` (the loop
 runs), ``/readyz`` (the engine answered and the snapshot is fresh; with the plugin off,
@@ -36,11 +38,11 @@ import os
 import signal
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from anchorage.access_log import AccessLogConfig, AccessLogSampler
 from anchorage.prometheus_text import sums
+from anchorage.config import document
 from anchorage.trace.format import TraceHeader, dumps_trace
 from anchorage.warmup import (ReloadConfig, ReloadScheduler, WarmupConfig, WarmupScheduler,
                               reload_body)
@@ -139,19 +141,12 @@ def parse_engine_load(text: str) -> tuple[int, int]:
 
 
 def read_config_file(path: str) -> tuple[int, dict[str, Any]]:
-    """(generation, warm-up overrides) of the operator's config (docs/node-agent.md)."""
-    from anchorage.operator.config import parse
-
-    gen, content = parse(Path(path).read_text())
-    params = (content.get("policy") or {}).get("parameters") or {}
-    over: dict[str, Any] = {}
-    if isinstance(params, dict):
-        if isinstance(params.get("warmup"), dict):
-            over.update(params["warmup"])
-        if isinstance(params.get("r_min"), (int, float)):
-            over.setdefault("r_min", float(params["r_min"]))
-    names = {f.name for f in dataclasses.fields(WarmupConfig)}
-    return gen, {k: v for k, v in over.items() if k in names}
+    """(generation, warm-up overrides) of the operator's document (``anchorage.config``):
+    ``policy.parameters`` ``rMin``, ``prefetch.enabled`` and ``prefetch.ratePerSecond`` as
+    ``WarmupConfig`` fields (``r_min``, ``enabled``, ``rate_per_s``); the ones the document
+    omits are not overridden. Raises ``ConfigError`` (a ValueError)."""
+    doc = document.read(path)
+    return doc.generation, doc.policy.parameters.warmup_overrides()
 
 
 class Sidecar:
@@ -174,7 +169,7 @@ class Sidecar:
         self.reloads = ReloadScheduler(config.reload)
         self.reload_warmups = {"issued": 0, "failed": 0}
         self.config_generation = 0
-        self._config_mtime: float | None = None
+        self._config_mtime: tuple[int, int, int] | None = None
         self._last_req_seq = 0
         self._last_req_pid: int | None = None
         self._skip_counted: dict[str, float] = {}
@@ -298,12 +293,13 @@ class Sidecar:
         if not path:
             return
         try:
-            mtime = os.stat(path).st_mtime_ns
+            st = os.stat(path)
         except OSError:
             return
-        if mtime == self._config_mtime:
+        version = (st.st_mtime_ns, st.st_size, st.st_ino)  # a ConfigMap update swaps a link
+        if version == self._config_mtime:
             return
-        self._config_mtime = mtime
+        self._config_mtime = version
         try:
             gen, over = read_config_file(path)
             wc = dataclasses.replace(self.cfg.warmup, **over)
@@ -312,8 +308,9 @@ class Sidecar:
             return
         self.config_generation = gen
         if wc != self.scheduler.config:
-            self.scheduler.config = wc
-        log.info("config %s generation %d in force", path, gen)
+            self.scheduler.reconfigure(wc)
+        log.info("config %s generation %d in force (warm-ups %s, %g/s, R_min %g)", path, gen,
+                 "on" if wc.enabled else "off", wc.rate_per_s, wc.r_min)
 
     def _anchor_of(self, s: Snapshot, agent: str) -> tuple[list[int], int | None, str | None]:
         a = s.anchors.get(agent)

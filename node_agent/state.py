@@ -234,20 +234,15 @@ class NodeState:
 
     @staticmethod
     def _fingerprint(policy: Any, keys: Sequence[Hashable]) -> tuple[Hashable | None, int]:
-        """(fingerprint, anchor length in blocks) of the request the policy just saw.
-
-        A ``GroupEvictionPolicy`` has both at hand after ``on_request`` (``_cur``: session,
-        agent, shared-run length); otherwise they are recomputed from its prefix table."""
-        cur = getattr(policy, "_cur", None)
-        if isinstance(cur, tuple) and len(cur) >= 3:
-            agent, shared = cur[1], cur[2]
-            fp = getattr(agent, "fp", None)
-            if fp is not None and isinstance(shared, int):
-                n = max(shared, 1)
-                if n <= len(keys) and keys[n - 1] == fp:
-                    return fp, n
-        prefix = getattr(policy, "prefix", None)
-        fp = prefix.fingerprint(keys) if prefix is not None else None
+        """(fingerprint, anchor length in blocks) of the request the policy just saw:
+        its ``last_request()`` when that is this request, else from ``fingerprint_of``."""
+        ins = policy.last_request()
+        if ins is not None and ins.fingerprint is not None:
+            fp = ins.fingerprint
+            n = max(ins.anchor_blocks, 1)
+            if n <= len(keys) and keys[n - 1] == fp:
+                return fp, n
+        fp = policy.fingerprint_of(keys)
         if fp is None:
             return None, 0
         for i, k in enumerate(keys):
@@ -266,10 +261,9 @@ class NodeState:
     def _predict(self, policy: Any, fp: Hashable, r: float, r_min: float = 0.3) -> str | None:
         """The session's predicted next agent, None below the gate. ``r`` is the last R
         the exporter computed (O(agents^2): never on the request path)."""
-        trans = getattr(policy, "trans", None)
-        if trans is None or r < r_min:
+        if r < r_min:
             return None
-        nxt, _ = trans.next_agent(fp)
+        nxt, _ = policy.next_agent(fp)
         return None if nxt is None or not isinstance(nxt, (bytes, int, str)) else self._label(nxt)
 
     def record_decision(self, seconds: float) -> None:
@@ -310,16 +304,15 @@ class NodeState:
 
 
 def policy_view(policy: Any, k: int = 8) -> dict[str, Any]:
-    """Predictability, predictions and protected blocks of a policy (read from another
-    thread: a concurrent change of a dict during iteration raises RuntimeError, which the
-    exporter retries)."""
+    """Predictability, predictions and protected blocks of a policy, through its
+    introspection interface (``anchorage.policies.base``; read from another thread: a
+    concurrent change of a dict during iteration raises RuntimeError, which the exporter
+    retries)."""
     out: dict[str, Any] = {"policy": getattr(policy, "name", None), "predictability": 0.0,
                            "predictions": [], "protected_blocks": {"anchor": 0, "session": 0}}
-    tiering = getattr(policy, "tiering_view", None)  # ANCHORAGE_TIERING (node_agent/tiering)
-    if callable(tiering):
-        out["tiering"] = tiering()
-    if getattr(policy, "trans", None) is None:
-        return out
+    tiering = policy.tiering_view()  # ANCHORAGE_TIERING (node_agent/tiering)
+    if tiering is not None:
+        out["tiering"] = tiering
     from anchorage.policies.cachescout import PrefetchAdvisor
 
     adv = PrefetchAdvisor(policy)
@@ -327,12 +320,7 @@ def policy_view(policy: Any, k: int = 8) -> dict[str, Any]:
     out["predictions"] = [{"agent": agent_label(a), "probability": round(1 - math.exp(-s), 6)}
                           for a, s in adv.warm_candidates(k) if s > 0 and a is not None
                           and isinstance(a, (bytes, int, str))]
-    anchor = sum(len(a.group.free) for a in list(policy.agents.values()) if a.group is not None)
-    session = 0
-    for s in list(policy.sessions.values()):
-        if not s.ended and s.tool is not None:
-            session += sum(len(g.free) for g in list(s.groups.values()) if g.kind != 0)
-    out["protected_blocks"] = {"anchor": anchor, "session": session}
+    out["protected_blocks"] = dict(policy.protected_blocks())
     return out
 
 

@@ -10,7 +10,7 @@ Specification
 Configuration: ``anchorage.tiering.params.TemporalParams.from_env`` (``ANCHORAGE_HOST_BYTES``
 required, ``ANCHORAGE_HOST_LINK_GBS``, ``ANCHORAGE_TEMPORAL_WATERMARK``), read when the pool
 builds its policy with ``ANCHORAGE_TIERING=temporal`` or ``spatial,temporal``. Bytes per
-block come from the engine's KV cache config (``kv_block_bytes``: the KV tensors' bytes
+block come from the engine's KV cache config (``vllm_compat.kv_block_bytes``: the KV tensors' bytes
 over the block count, i.e. layers x KV heads x head dim x 2 x dtype bytes x block size for
 a plain decoder).
 
@@ -94,22 +94,9 @@ from anchorage.tiering.controller import (
 )
 from anchorage.tiering.params import TemporalParams
 
-__all__ = ["EngineController", "TemporalParams", "TemporalTiering", "kv_block_bytes"]
+__all__ = ["EngineController", "TemporalParams", "TemporalTiering"]
 
 OUTCOMES = ("in_time", "late", "wasted")
-
-
-def kv_block_bytes(kv_cache_config: Any) -> int:
-    """Bytes of one KV block over all layers, from vLLM's ``KVCacheConfig``."""
-    n = int(getattr(kv_cache_config, "num_blocks", 0) or 0)
-    tensors = getattr(kv_cache_config, "kv_cache_tensors", None) or ()
-    total = sum(int(getattr(t, "size", 0) or 0) for t in tensors)
-    if n > 0 and total > 0:
-        return total // n
-    out = 0
-    for g in getattr(kv_cache_config, "kv_cache_groups", None) or ():
-        out += int(g.kv_cache_spec.page_size_bytes) * len(g.layer_names)
-    return out
 
 
 class EngineController(TemporalController):

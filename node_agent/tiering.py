@@ -33,7 +33,7 @@ as in the simulator), read at each scheduling step from the policy attached to t
 ``maybe_wrap(policy)``: the wrapped policy when ``ANCHORAGE_TIERING`` is ``spatial``
 (the plugin's hook), else ``policy`` unchanged. ``build_policy(name, block_size, params)``
 is the engine's one policy factory: ``maybe_wrap(make_policy(...))``, called at engine start
-(``vllm_block_pool._make_configured_policy``) and on a config reload
+(``vllm_hooks.make_configured_policy``) and on a config reload
 (``reload.PolicyReloader.apply``), so a reload keeps tiering.
 """
 
@@ -67,8 +67,7 @@ class EngineTiering(TieredEviction):
         self.interval = max(1, interval)
         self.params = params or sp.SpatialParams()
         self.weights = weights or sp.ScoreWeights()
-        self.flow = TransitionLearner()  # not .trans: the wrapped policy's, read by
-                                         # state.policy_view through __getattr__
+        self.flow = TransitionLearner()  # agent -> agent, from the requests' agent hints
         self._live: OrderedDict[Any, list] = OrderedDict()   # rid -> [agent, blocks]
         self._sess: OrderedDict[Any, Hashable] = OrderedDict()  # session -> last agent
         self._n = 0
@@ -186,13 +185,14 @@ def admission_arrival(pool: Any, boost_s: float | None = None):
     mode = os.environ.get(ENV_TIERING, "").strip().lower()
     if "spatial" not in {p.strip() for p in mode.split(",")}:
         return None
+    from anchorage.node_agent import vllm_compat as vc
     from anchorage.node_agent.request_context import anchorage_args
 
     boost = sp.SpatialParams().boost_s if boost_s is None else boost_s
 
     def arrival(request: Any) -> float:
         t = request.arrival_time
-        policy = getattr(getattr(pool, "_anchorage_driver", None), "policy", None)
+        policy = getattr(vc.driver(pool), "policy", None)
         crit = policy.criticality if isinstance(policy, EngineTiering) else None
         if not crit:
             return t

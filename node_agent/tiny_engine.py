@@ -59,14 +59,16 @@ def tiny_engine(*, blocks: int, max_model_len: int, max_num_seqs: int = 4,
                   max_num_seqs=max_num_seqs, seed=0, dtype="bfloat16")
     finally:
         if registered:
-            from anchorage.node_agent import vllm_block_pool
+            from anchorage.node_agent import vllm_hooks
 
-            vllm_block_pool.install(None)  # pools built later stay stock
+            vllm_hooks.install(None)  # pools built later stay stock
         for k, v in old.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
     KEEP_ALIVE.append(llm)
-    pool = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager.block_pool
+    from anchorage.node_agent.vllm_compat import engine_pool
+
+    pool = engine_pool(llm)
     return TinyEngine(llm=llm, pool=pool, model_dir=model, registered=registered)

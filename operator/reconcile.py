@@ -18,6 +18,9 @@ from typing import Any, Callable, Protocol
 from anchorage.autoscale import AutoscaleConfig, FleetSignals, MetricsError, ScalerState, decide_replicas
 from anchorage.autoscale.params import flatten, unflatten
 from anchorage.autoscale.tuning import ParameterRange, tune
+from anchorage.config import (DATA_KEY, GENERATION_ANNOTATION, TUNABLE, ConfigDocument,
+                              ConfigError, PolicyParameters, Source, configmap_name, parse,
+                              render)
 from anchorage.operator import config as cfgmap
 from anchorage.operator.access_logs import AccessLogError, load_access_logs
 from anchorage.operator.kube import Scale
@@ -69,13 +72,27 @@ def set_condition(conds: list[dict[str, Any]], type_: str, status: str, reason: 
     return [c for c in conds if c.get("type") != type_] + [new]
 
 
+def document_problems(spec: dict[str, Any]) -> list[str]:
+    """What the configuration document (``anchorage.config``) refuses in the spec, and what
+    the policy and the router refuse when built with their parameters."""
+    try:
+        doc = ConfigDocument.from_spec(spec)
+    except ConfigError as e:
+        return [str(e)]
+    return [f"spec.{p}" for p in doc.policy.problems() + doc.routing.problems()]
+
+
 def validate(spec: dict[str, Any]) -> list[str]:
     """Rules the CRD schema cannot state (cross-field, or needed only when enabled)."""
     problems = AutoscaleConfig.from_spec(spec.get("autoscaling")).problems()
+    problems += document_problems(spec)
     tuning = spec.get("tuning") or {}
     names = [p.get("name") for p in tuning.get("parameters") or []]
     for p in tuning.get("parameters") or []:
         problems += ParameterRange.from_spec(p).problems()
+        if p.get("name") not in TUNABLE:
+            problems.append(f"tuning.parameters: {p.get('name')!r} is not tunable; tunable: "
+                            f"{', '.join(TUNABLE)}")
     if len(set(names)) != len(names):
         problems.append("tuning.parameters names a parameter more than once")
     if tuning.get("enabled"):
@@ -94,6 +111,19 @@ def validate(spec: dict[str, Any]) -> list[str]:
     if sel and (sel.count('"') % 2 or "{" in sel or "}" in sel):
         problems.append(f'metrics.selector {sel!r} is not a list of label matchers like a="b",c=~"d.*"')
     return problems
+
+
+def written_document(existing: dict[str, Any] | None) -> tuple[int, Any]:
+    """(generation, content) of the ConfigMap's document; an unreadable one (edited by
+    hand) gives its annotation's generation and no content, so it is rewritten."""
+    if existing is None:
+        return 0, None
+    try:
+        doc = parse((existing.get("data") or {}).get(DATA_KEY, ""))
+    except ConfigError:
+        ann = str((existing.get("annotations") or {}).get(GENERATION_ANNOTATION, ""))
+        return (int(ann) if ann.isdigit() else 0), None
+    return doc.generation, doc.content()
 
 
 def reconcile(*, name: str, namespace: str, uid: str, generation: int | None,
@@ -163,15 +193,21 @@ def reconcile(*, name: str, namespace: str, uid: str, generation: int | None,
             out.status["lastTuningReason"] = f"tuning failed: {e}"
             events.append(Event("Warning", "TuningFailed", str(e)))
     # ConfigMap: write only on a content change, bumping its generation.
-    content = cfgmap.effective_content(spec, unflatten(params), source)
-    cm_name = cfgmap.configmap_name(name)
+    try:
+        in_force = PolicyParameters.from_flat(params)
+    except ConfigError as e:   # tuned values an older operator stored: back to the spec's
+        events.append(Event("Warning", "TunedParametersDropped", str(e)))
+        params, source = spec_params, "spec"
+        decision["tuned"] = decision["tunedGeneration"] = None
+        in_force = PolicyParameters.from_flat(params)
+    doc = ConfigDocument.from_spec(spec, in_force, source)
+    cm_name = configmap_name(name)
     existing = kube.get_configmap(namespace, cm_name)
-    old_gen, old_content = cfgmap.parse((existing or {}).get("data", {}).get(cfgmap.DATA_KEY, ""))
+    old_gen, old_content = written_document(existing)
     cm_gen = old_gen
-    if existing is None or old_content != content:
+    if existing is None or old_content != doc.content():
         cm_gen = old_gen + 1
-        text = cfgmap.render(content, cm_gen, namespace=namespace, name=name,
-                             observed_generation=generation)
+        text = render(doc.with_generation(cm_gen, Source(namespace, name, generation)))
         kube.put_configmap(namespace, cfgmap.configmap_body(
             namespace=namespace, name=name, uid=uid, text=text, generation=cm_gen),
             existing["resourceVersion"] if existing else None)

@@ -2,8 +2,8 @@
 ``routing: {policy, weights | parameters}`` on change, without a restart and without
 dropping requests.
 
-``read_routing(text)`` is the one place the document is read (today through
-``anchorage.operator.config.parse``; the core's typed document replaces it there).
+``read_routing(text)`` is the one place the router reads the document (the core's typed
+``anchorage.config.document``, as the operator, plugin and sidecar do).
 ``weights`` are scorer names and weights of the ``composite`` policy
 (``{"prefix": 2, "queue": 1}``); ``parameters`` are a policy's own parameters. A
 document that is empty, truncated, unparsable or names an unknown policy/parameter is
@@ -22,35 +22,22 @@ import os
 from pathlib import Path
 from typing import Any
 
+from anchorage.config import document
+from anchorage.config.document import ConfigError
+
 log = logging.getLogger("anchorage.router")
 DATA_KEY = "anchorage.yaml"
 
 
-class ConfigError(ValueError):
-    pass
-
-
 def read_routing(text: str) -> tuple[int, str, dict[str, Any]]:
-    """(generation, policy name, policy parameters) of a document; ConfigError if bad."""
-    from anchorage.operator.config import parse
-
-    if not text.strip():
-        raise ConfigError("the document is empty")
-    gen, content = parse(text)
-    routing = content.get("routing")
-    if not gen or not isinstance(routing, dict) or not isinstance(routing.get("policy"), str):
-        raise ConfigError("no generation or no routing.policy (unreadable or truncated?)")
-    params = routing.get("parameters") or {}
-    weights = routing.get("weights") or {}
-    if not isinstance(params, dict) or not isinstance(weights, dict):
-        raise ConfigError("routing.parameters and routing.weights must be mappings")
-    params = dict(params)
-    if weights:
-        if routing["policy"] != "composite":
-            raise ConfigError(f"routing.weights are composite scorer weights; policy is "
-                              f"{routing['policy']!r}")
-        params["scorers"] = {str(k): float(v) for k, v in weights.items()}
-    return gen, routing["policy"], params
+    """(generation, policy name, ``make_router`` keyword arguments) of a document, parsed by
+    the core's typed document (``anchorage.config.document``); ConfigError if bad."""
+    doc = document.parse(text)          # ConfigError: empty, truncated, a bad field
+    routing = doc.routing
+    problems = routing.problems()       # the router refuses the parameters
+    if problems:
+        raise ConfigError(problems[0])
+    return doc.generation, routing.policy, routing.router_kwargs()
 
 
 class ConfigWatch:

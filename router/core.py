@@ -85,11 +85,12 @@ class RouterCore:
                                cfg.k8s_selector, cfg.k8s_port, cfg.k8s_kind)
 
         def changed(urls: list[str]) -> None:      # on the watch thread
-            loop.call_soon_threadsafe(self._apply_urls, urls)
+            # pod names (the addresses' targetRef) label the replicas' series
+            loop.call_soon_threadsafe(self._apply_urls, urls, dict(src.pod_names))
         threading.Thread(target=src.watch, args=(changed,), daemon=True).start()
 
-    def _apply_urls(self, urls: list[str]) -> None:
-        self.state.set_replicas(urls)
+    def _apply_urls(self, urls: list[str], names: dict[str, str] | None = None) -> None:
+        self.state.set_replicas(urls, names)
         if self._kv is not None:
             self._kv.set_endpoints(self.state.kv_endpoints())
 

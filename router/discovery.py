@@ -3,7 +3,7 @@
 - ``KubernetesSource(api, namespace, selector, port, kind)``: the ready addresses of the
   ``Endpoints`` (core/v1; every server version) or ``EndpointSlice`` (discovery.k8s.io/v1)
   objects matching a label selector, as ``http://<ip>:<port>`` URLs. ``urls_from(objs)`` is
-  the pure translation; ``watch(on_change)`` lists, then follows a watch from the list's
+  the pure translation (``pods_from``: the pod behind each URL); ``watch(on_change)`` lists, then follows a watch from the list's
   resourceVersion, re-listing whenever the watch ends or fails (so a missed event cannot
   leave the router stale for longer than one watch timeout).
 
@@ -28,6 +28,25 @@ class EndpointsAPI(Protocol):
 
     def watch(self, namespace: str, selector: str, resource_version: str,
               timeout_s: int) -> Iterator[dict]: ...
+
+
+def pods_from(objs: Iterable[dict[str, Any]], kind: str, port: int,
+              scheme: str = "http") -> dict[str, str]:
+    """URL -> name of the Pod behind it (the address's ``targetRef``), for ready addresses
+    that have one; the router labels a replica's series by it."""
+    out: dict[str, str] = {}
+    for o in objs:
+        if kind == "Endpoints":
+            eps = [(a["ip"], a.get("targetRef")) for sub in o.get("subsets") or ()
+                   for a in sub.get("addresses") or ()]
+        else:
+            eps = [(ip, ep.get("targetRef")) for ep in o.get("endpoints") or ()
+                   if (ep.get("conditions") or {}).get("ready") is not False
+                   for ip in ep.get("addresses") or ()]
+        for ip, ref in eps:
+            if ref and ref.get("kind") == "Pod" and ref.get("name"):
+                out[f"{scheme}://{ip}:{port}"] = ref["name"]
+    return out
 
 
 def urls_from(objs: Iterable[dict[str, Any]], kind: str, port: int, scheme: str = "http") -> list[str]:
@@ -56,6 +75,7 @@ class KubernetesSource:
         self.api, self.namespace, self.selector = api, namespace, selector
         self.port, self.kind, self.watch_timeout_s = port, kind, watch_timeout_s
         self._objs: dict[str, dict] = {}
+        self.pod_names: dict[str, str] = {}   # URL -> pod, as of the last on_change
         self._stop = threading.Event()
 
     def urls(self) -> list[str]:
@@ -74,6 +94,7 @@ class KubernetesSource:
                 self._objs = {self._key(o): o for o in objs}
                 cur = urls_from(self._objs.values(), self.kind, self.port)
                 if cur != last:
+                    self.pod_names = pods_from(self._objs.values(), self.kind, self.port)
                     on_change(cur)
                     last = cur
                 started = time.monotonic()
@@ -89,6 +110,7 @@ class KubernetesSource:
                         break          # ERROR (e.g. 410 Gone): re-list
                     cur = urls_from(self._objs.values(), self.kind, self.port)
                     if cur != last:
+                        self.pod_names = pods_from(self._objs.values(), self.kind, self.port)
                         on_change(cur)
                         last = cur
                 if time.monotonic() - started < 1.0:   # a watch that ends at once: no hot loop

@@ -1,5 +1,9 @@
 """The router's Prometheus series (``anchorage_router_*``), in one private registry per
-router process (each replica serves its own counts; Prometheus sums them)."""
+router process (each replica serves its own counts; Prometheus sums them).
+
+The ``replica`` label is the upstream's pod name when discovery knows it (the Endpoints'
+or EndpointSlice's ``targetRef``), its URL otherwise (static replicas); when a replica
+leaves, every series of it is deleted (``forget_replica``)."""
 
 from __future__ import annotations
 
@@ -53,6 +57,12 @@ class RouterMetrics:
         self.config_rejected = Counter("anchorage_router_config_rejected",
                                        "Operator documents the router refused to apply",
                                        ["model"], registry=r)
+
+    def forget_replica(self, replica: str) -> None:
+        """Delete every series labelled ``replica=<replica>``."""
+        for m in (self.requests, self.predicted, self.observed, self.prompt, self.retries,
+                  self.ejections, self.healthy, self.inflight, self.queued_tokens):
+            m.remove_by_labels({"replica": replica})
 
     def text(self) -> bytes:
         return generate_latest(self.registry)

@@ -54,6 +54,7 @@ _GAUGES = {"vllm:num_requests_waiting": "waiting", "vllm:num_requests_running": 
 class Upstream:
     id: int
     url: str
+    name: str = ""             # the ``replica`` label: its pod's name when discovered, else the URL
     healthy: bool = True
     inflight: int = 0
     waiting: int = 0           # scraped
@@ -91,25 +92,28 @@ class RoutingState:
         self.set_replicas(self.cfg.replicas)
 
     # -- membership -----------------------------------------------------------------
-    def set_replicas(self, urls: Iterable[str]) -> None:
+    def set_replicas(self, urls: Iterable[str], names: dict[str, str] | None = None) -> None:
+        """The replicas are now ``urls``; ``names`` (URL -> pod name, from discovery) label
+        their series. A removed replica's series are deleted."""
+        names = names or {}
         want = list(dict.fromkeys(u.rstrip("/") for u in urls))
         have = dict(self._by_url)
         for url in want:
             if url not in have:
-                up = Upstream(self._next_id, url)
+                up = Upstream(self._next_id, url, names.get(url) or url)
                 self.upstreams[up.id] = up
                 self._by_url[url] = up
                 self._next_id += 1
-                self.metrics.healthy.labels(url).set(1)
-                log.info("replica added: %s", url)
+                self.metrics.healthy.labels(up.name).set(1)
+                log.info("replica added: %s (%s)", up.name, url)
         for url, up in have.items():
             if url not in want:
                 del self.upstreams[up.id]
                 del self._by_url[url]
                 self._forget_replica(up.id)
                 self._models = {m for u in self.upstreams.values() for m in u.models}
-                self.metrics.healthy.labels(url).set(0)
-                log.info("replica removed: %s", url)
+                self.metrics.forget_replica(up.name or url)
+                log.info("replica removed: %s (%s)", up.name, url)
 
     def _forget_replica(self, rid: int) -> None:
         for r in {id(x): x for x in [self.router, *self.model_routers.values()]}.values():
@@ -256,7 +260,7 @@ class RoutingState:
         cancelled (the client left)."""
         self.first_byte(ctx, replica)
         up = self.upstreams.get(replica)
-        url = up.url if up else f"removed-{replica}"
+        url = (up.name or up.url) if up else "removed"   # (its series were deleted with it)
         if up is not None:
             up.inflight = max(0, up.inflight - 1)
             self.router_for(model).on_finish(ctx, replica)
@@ -273,7 +277,8 @@ class RoutingState:
                 self.metrics.prompt.labels(url).inc(int(usage.get("prompt_tokens") or 0))
 
     def retried(self, url: str, reason: str) -> None:
-        self.metrics.retries.labels(url, reason).inc()
+        up = self._by_url.get(url.rstrip("/"))
+        self.metrics.retries.labels(up.name if up is not None and up.name else url, reason).inc()
 
     def rejected(self, reason: str) -> None:
         self.metrics.rejected.labels(reason).inc()
@@ -283,15 +288,15 @@ class RoutingState:
         if up.healthy and up.failures >= self.cfg.eject_after_failures:
             up.healthy = False
             up.ejected_once = True
-            self.metrics.ejections.labels(up.url).inc()
-            self.metrics.healthy.labels(up.url).set(0)
+            self.metrics.ejections.labels(up.name or up.url).inc()
+            self.metrics.healthy.labels(up.name or up.url).set(0)
             log.warning("replica ejected after %d transport failures: %s", up.failures, up.url)
 
     def _success(self, up: Upstream) -> None:
         up.failures = 0
         if not up.healthy:
             up.healthy = True
-            self.metrics.healthy.labels(up.url).set(1)
+            self.metrics.healthy.labels(up.name or up.url).set(1)
             self._forget_replica(up.id)          # its cache did not survive the failure
             log.info("replica readmitted (its prefix model reset): %s", up.url)
 
@@ -306,8 +311,8 @@ class RoutingState:
 
     def metrics_text(self) -> bytes:
         for u in self.upstreams.values():
-            self.metrics.inflight.labels(u.url).set(u.inflight)
-            self.metrics.queued_tokens.labels(u.url).set(u.queued_tokens)
+            self.metrics.inflight.labels(u.name or u.url).set(u.inflight)
+            self.metrics.queued_tokens.labels(u.name or u.url).set(u.queued_tokens)
         return self.metrics.text()
 
 

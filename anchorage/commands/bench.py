@@ -3,11 +3,13 @@
 Runs every policy on every workload at capacities given as fractions of the workload's
 unique blocks (plus the half-LRU capacity), prints one table, and optionally writes JSON,
 a markdown table and PNG plots.
+
+Contract (``--json`` on stdout, ``--json-out FILE``): ``{"machine", "policies", "rows":
+[...]}``; ``--json FILE``, which wrote that file before, still does (deprecated).
 """
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 
@@ -27,7 +29,9 @@ def register(sub) -> None:
     p.add_argument("--sessions", type=int, default=None,
                    help="sessions per generated workload (default: the generator's)")
     p.add_argument("--traces-dir", default=None, help="real traces (default ../shared/traces)")
-    p.add_argument("--json", metavar="FILE", help="write results as JSON")
+    from anchorage.cli import add_json_args
+
+    add_json_args(p, "the results")
     p.add_argument("--markdown", metavar="FILE", help="write the table as markdown")
     p.add_argument("--plots", metavar="DIR", help="write PNG plots of hit rate vs capacity")
     p.set_defaults(func=run)
@@ -37,7 +41,11 @@ def run(args) -> int:
     from pathlib import Path
 
     from anchorage import bench, workloads
-    from anchorage.cli import CLIError
+    from anchorage.cli import CLIError, emit_json, json_targets
+
+    to_stdout, json_path = json_targets(args, "bench")
+    out = sys.stderr if to_stdout else sys.stdout   # stdout holds only the JSON then
+    progress = sys.stderr.isatty()
     from anchorage.policies.registry import policy_names
 
     known = policy_names()
@@ -68,13 +76,10 @@ def run(args) -> int:
     if not loaded:
         raise CLIError("no workload could be loaded")
     rows = bench.run_suite(loaded, policies, fracs, half_lru=not args.no_half_lru,
-                           log=lambda s: print(s, file=sys.stderr))
-    print(bench.format_rows(rows, policies))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        with open(args.json, "w") as fh:
-            json.dump({"machine": bench.machine_description(), "policies": policies,
-                       "rows": [r.to_json() for r in rows]}, fh, indent=1)
+                           log=(lambda s: print(s, file=sys.stderr)) if progress else None)
+    print(bench.format_rows(rows, policies), file=out)
+    emit_json({"machine": bench.machine_description(), "policies": policies,
+               "rows": [r.to_json() for r in rows]}, to_stdout, json_path)
     if args.markdown:
         Path(args.markdown).write_text(bench.format_rows(rows, policies, markdown=True) + "\n")
     if args.plots:

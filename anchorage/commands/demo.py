@@ -5,14 +5,14 @@ routing, drives the workload through it, stops it; starts it again (cold caches)
 Anchorage `hybrid` eviction policy behind `agent` routing, drives the same workload, stops
 it; prints the side-by-side comparison and writes a markdown report with plots.
 
-As root with `unshare` available, the whole run happens inside a private network namespace
-(a Ray Serve replica listens on every interface); `--isolate off` runs on the host's
-loopback.
+The stack binds and connects to loopback only; as root with `unshare` available the whole
+run also happens inside a private network namespace, as a second fence; `--isolate off`
+runs on the host's loopback. A piece that dies during a run is restarted (`anchorage up`);
+its failed requests show in the report.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -36,7 +36,9 @@ def register(sub) -> None:
                    help="NAME=ENGINE_POLICY/ROUTER,... run in this order (default: "
                         "stock=off/round_robin,anchorage=hybrid/agent)")
     p.add_argument("--out", default="out/demo", help="report directory (default: out/demo)")
-    p.add_argument("--json", default=None, help="also write the figures here (bench results)")
+    from anchorage.cli import add_json_args
+
+    add_json_args(p, "the figures (summaries, timings)")
     p.add_argument("--isolate", choices=["auto", "on", "off"], default="auto",
                    help="run inside a private network namespace (auto: when root with unshare)")
     p.set_defaults(func=run)
@@ -78,13 +80,19 @@ def reexec_isolated(argv: list[str]) -> int:
 
 
 def run(args) -> int:
-    from anchorage.cli import CLIError
+    from anchorage.cli import CLIError, CommandFailed, emit_json, json_targets
     from anchorage.commands.drive import load_workload, plan_options
     from anchorage.commands.up import Stopper, check_dependencies, stack_config, start_stack
     from anchorage.drive import report
     from anchorage.drive.run import drive
     from anchorage.stack.stack import Stack
     from anchorage.stack.tiny_model import vocab_size
+
+    to_stdout, json_path = json_targets(args, "demo")
+    stream = sys.stderr if to_stdout else sys.stdout   # stdout holds only the JSON then
+
+    def say(*parts) -> None:
+        print(*parts, file=stream, flush=True)
 
     configs = parse_configs(args.configs)
     for policy, router in configs.values():     # validate every config before starting anything
@@ -94,21 +102,20 @@ def run(args) -> int:
     if not isolated and (args.isolate == "on" or (args.isolate == "auto" and can_isolate())):
         if not can_isolate():
             raise CLIError("--isolate on needs root with unshare and ip")
-        print("running inside a private network namespace (loopback only)", flush=True)
+        say("running inside a private network namespace (loopback only)")
         return reexec_isolated(sys.argv[1:] if sys.argv[0].endswith(("anchorage", "cli.py"))
                                else ["demo", *sys.argv[2:]])
     wl = load_workload(args, args.block_size)
-    print(f"workload: {wl.description}", flush=True)
+    say(f"workload: {wl.description}")
     summaries, runs, timings = {}, {}, {}
     t_all = time.monotonic()
     with Stopper():
         for k, (name, (policy, router)) in enumerate(configs.items(), 1):
-            print(f"\n[{k}/{len(configs)}] {name}: engine policy {policy}, routing {router}",
-                  flush=True)
+            say(f"\n[{k}/{len(configs)}] {name}: engine policy {policy}, routing {router}")
             stack = Stack(stack_config(args, policy=policy, router=router))
             t0 = time.monotonic()
             try:
-                ep = start_stack(stack)
+                ep = start_stack(stack, say)
                 t_up = time.monotonic() - t0
                 opts = plan_options(args, wl, vocab_size(ep.model))
                 if args.model is None:  # the tiny engines' max model length bounds prompts
@@ -116,11 +123,11 @@ def run(args) -> int:
                     opts = replace(opts, max_prompt_tokens=min(opts.max_prompt_tokens, cap))
                 summaries[name], runs[name] = drive(ep.router, wl, opts, ep.engines,
                                                     args.concurrency, name, args.timeout,
-                                                    node_agent_urls=ep.sidecars,
+                                                    node_agent_urls=ep.sidecars, say=say,
                                                     max_sessions=args.max_sessions)
                 problem = stack.check()
                 if problem:
-                    raise CLIError(problem)
+                    raise CommandFailed(problem)
             except KeyboardInterrupt:
                 print("\ninterrupted; stopping the stack ...", file=sys.stderr, flush=True)
                 stack.stop()
@@ -128,8 +135,8 @@ def run(args) -> int:
             finally:
                 stack.stop()
             timings[name] = {"start_s": round(t_up, 1), "total_s": round(time.monotonic() - t0, 1)}
-            print(f"  {name} stack stopped", flush=True)
-    print("\n" + report.table(summaries) + "\n", flush=True)
+            say(f"  {name} stack stopped")
+    say("\n" + report.table(summaries) + "\n")
     notes = [f"Workload: {wl.description}; concurrency {args.concurrency}, time compression "
              f"{args.time_compression:g}x, at most {args.max_sessions} sessions at once, {args.engines} engines x {args.kv_blocks} KV blocks of "
              f"{args.block_size} tokens.",
@@ -142,11 +149,8 @@ def run(args) -> int:
              "time_compression": args.time_compression, "max_sessions": args.max_sessions, "wall_s": time.monotonic() - t_all}
     paths = report.write(Path(args.out), summaries, runs, "Anchorage demo: stock vs Anchorage",
                          notes, extra)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"summaries": summaries, **extra}, indent=1,
-                                              default=str))
-    print(f"report: {paths['markdown']}\nplots: {paths['plots']}", flush=True)
+    emit_json({"summaries": summaries, **extra}, to_stdout, json_path, default=str)
+    say(f"report: {paths['markdown']}\nplots: {paths['plots']}")
     failed = sum(s["failed"] for s in summaries.values())
     if failed:
         print(f"{failed} request(s) failed (see the report)", file=sys.stderr)

@@ -114,7 +114,10 @@ def run(args) -> int:
         raise CLIError(f"--router-url must be an http(s) URL, got {router!r}")
     from anchorage.stack.supervisor import http_ok
     if not http_ok(router.rstrip("/") + "/healthz", timeout=5):
-        raise CLIError(f"no healthy router at {router} (GET /healthz); is `anchorage up` running?")
+        from anchorage.cli import CommandFailed
+
+        raise CommandFailed(f"no healthy router at {router} (GET /healthz); is `anchorage up` "
+                            "running?")
     wl = load_workload(args)
     if not wl.records:
         raise CLIError("the workload has no requests")

@@ -87,12 +87,13 @@ def make_config(args):
 def run(args) -> int:
     import asyncio
 
-    from anchorage.cli import CLIError
+    from anchorage.cli import CommandFailed
     from anchorage.node_agent.sidecar import Sidecar
 
     cfg = make_config(args)
     try:
         asyncio.run(Sidecar(cfg).serve())
     except OSError as exc:
-        raise CLIError(f"cannot listen on {cfg.host}:{cfg.port}: {exc.strerror or exc}") from None
+        raise CommandFailed(f"cannot listen on {cfg.host}:{cfg.port}: "
+                            f"{exc.strerror or exc}") from None
     return 0

@@ -57,7 +57,9 @@ def run(args) -> int:
     try:
         import kopf
     except ImportError:
-        raise CLIError("the operator needs kopf: pip install 'anchorage[operator]'") from None
+        from anchorage.cli import CommandFailed
+
+        raise CommandFailed("the operator needs kopf: pip install 'anchorage[operator]'") from None
     import asyncio
     import logging
     import random

@@ -87,14 +87,14 @@ def run(args) -> int:
     if args.print_config:
         print(json.dumps(cfg.to_dict(), indent=1))
         return 0
-    from anchorage.cli import CLIError
+    from anchorage.cli import CommandFailed
     try:
         import ray
 
         from anchorage.router import app
     except ImportError as exc:
-        raise CLIError(f"the router needs the [router] extra ({exc.name} missing): "
-                       "pip install 'anchorage[router]'") from None
+        raise CommandFailed(f"the router needs the [router] extra ({exc.name} missing): "
+                            "pip install 'anchorage[router]'") from None
     if not ray.is_initialized():
         if not os.environ.get("RAY_ADDRESS"):       # a Ray we start: its ingress is ours
             os.environ.update(app.hosting_env(cfg))

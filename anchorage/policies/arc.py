@@ -61,7 +61,9 @@ class ARCPolicy(EvictionPolicy):
     def on_hit(self, ctx: RequestContext, blocks: list[int], were_free: list[int]) -> None:
         free, lst, size = self._free, self._list, self._size
         for b in were_free:
-            free[lst[b]].pop(b, None)
+            li = lst.get(b)
+            if li is not None:
+                free[li].pop(b, None)
         for b in blocks:
             li = lst.get(b)
             if li == _T1:
@@ -93,7 +95,11 @@ class ARCPolicy(EvictionPolicy):
     def on_freed(self, ctx: RequestContext, blocks: list[int]) -> None:
         free, lst = self._free, self._list
         for b in blocks:
-            free[lst[b]][b] = None
+            li = lst.get(b)
+            if li is None:  # never seen cached (cached behind the policy's back): seen once
+                li = lst[b] = _T1
+                self._size[_T1] += 1
+            free[li][b] = None
 
     def pop_victim(self) -> int | None:
         f1, f2 = self._free[_T1], self._free[_T2]

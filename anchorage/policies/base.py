@@ -26,15 +26,102 @@ never reads ``RequestContext.agent_truth``.
 
 ``next_in_session(contexts)`` is for the offline references only (``cachewise-oracle``,
 ``hybrid-oracle``): the replay read ahead, per ``seq``, the same session's next request.
+
+Robustness: a notification about a block the policy never saw (a hit on a free block it
+does not hold, a freed block it never saw cached: vLLM allocates without a prefix lookup
+on its connector path) must not raise; such blocks stay evictable.
+
+What a policy may read of its pool (``attach(pool)``) is ``PoolView``, a protocol both
+the simulator's ``anchorage.pool.block_pool.BlockPool`` and the engine's
+``anchorage.node_agent.vllm_block_pool.PoolView`` satisfy.
+
+Introspection (what anything outside a policy may read of it; safe defaults for policies
+that learn nothing): ``last_request()`` (session, fingerprint and anchor length inferred
+for the last request ``on_request`` saw), ``fingerprint_of(keys)``, ``predictability()``
+(R, eq. 2 of CacheScout; computed on call: not for the hot path), ``next_agent(fp)``,
+``session_agent(session_id)``, ``predicted_agents(k)`` (the agents most likely called next,
+with the expected number of active sessions calling each), ``protected_blocks()`` (free
+blocks protected as anchors / as sessions waiting on a tool), ``learned_counts()``,
+``model_state_bytes()``, ``state_size_bytes()``, ``prefetch_settings()``,
+``tiering_view()`` (tiering wrappers) and ``anchor_labels()`` (for routers that read a
+replica's anchors). Readers call these and nothing else; they are safe to call from
+another thread in the sense that a concurrent change makes them raise RuntimeError, never
+return garbage (callers retry).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Hashable, Iterable, Sequence
+from typing import Any, Hashable, Iterable, Protocol, Sequence, runtime_checkable
 
-if TYPE_CHECKING:
-    from anchorage.pool.block_pool import BlockPool
+
+@runtime_checkable
+class PoolView(Protocol):
+    """What a policy may read of the pool it is attached to (read only).
+
+    ``capacity_blocks``: usable blocks; ``block_size``: tokens per block; ``cached``: the
+    cached keys (``key in cached``; look a key up with ``get_cached_block``);
+    ``block_key[b]``: the key block ``b`` is cached under, or None; ``ref_cnt[b]``: its
+    users (0 = free);
+    ``num_free_blocks``: free blocks, cached or not; ``get_cached_block(key)``: the block
+    a lookup of ``key`` finds, or None; ``blocks_needed(num_tokens)``.
+    """
+
+    capacity_blocks: int
+    block_size: int
+
+    @property
+    def cached(self) -> Any: ...
+
+    @property
+    def block_key(self) -> Any: ...
+
+    @property
+    def ref_cnt(self) -> Any: ...
+
+    @property
+    def num_free_blocks(self) -> int: ...
+
+    def get_cached_block(self, key: Hashable) -> int | None: ...
+
+    def blocks_needed(self, num_tokens: int) -> int: ...
+
+
+class UnknownParameterError(TypeError):
+    """A policy was given a parameter it does not take (``name``)."""
+
+    def __init__(self, name: str, accepted: Sequence[str] = ()):
+        self.name = name
+        acc = f"; accepted: {', '.join(accepted)}" if accepted else ""
+        super().__init__(f"does not accept parameter {name!r}{acc}")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestInsight:
+    """What a policy inferred about a request: its session (given or inferred), the
+    agent fingerprint (the key that ends the prefix shared across sessions) and how many
+    leading blocks are shared (the anchor)."""
+
+    session: Hashable | None
+    fingerprint: Hashable | None
+    anchor_blocks: int
+
+
+@dataclass(frozen=True, slots=True)
+class LearnedCounts:
+    agents: int = 0
+    sessions: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PrefetchSettings:
+    """Whether a prefetch advisor may advise warm-ups, how many per second, and the
+    policy's own predictability gate (0: none)."""
+
+    enabled: bool = True
+    rate_per_s: float = math.inf
+    r_min: float = 0.0
 
 
 @dataclass(slots=True)
@@ -84,8 +171,10 @@ class EvictionPolicy:
     name = "base"
     #: True for policies that need the future and exist only in the simulator.
     offline = False
+    #: the pool ``attach`` gave (None before)
+    pool: PoolView | None = None
 
-    def attach(self, pool: "BlockPool") -> None:
+    def attach(self, pool: PoolView) -> None:
         self.pool = pool
 
     def on_queued(self, ctx: RequestContext) -> None:
@@ -123,3 +212,45 @@ class EvictionPolicy:
     def state_size_bytes(self) -> int:
         """Approximate size of learned state, excluding per-block side tables."""
         return 0
+
+    # -- introspection (module spec) ------------------------------------------------------
+
+    def model_state_bytes(self) -> int:
+        """Size of the learned model alone (no per-session or per-block tables)."""
+        return 0
+
+    def last_request(self) -> RequestInsight | None:
+        return None
+
+    def fingerprint_of(self, keys: Sequence[Hashable]) -> Hashable | None:
+        return None
+
+    def predictability(self) -> float:
+        return 0.0
+
+    def next_agent(self, fp: Hashable) -> tuple[Hashable | None, float]:
+        """The agent most likely called after ``fp``, and its probability."""
+        return None, 0.0
+
+    def session_agent(self, session_id: Hashable) -> Hashable | None:
+        """The fingerprint of the agent a session called last."""
+        return None
+
+    def predicted_agents(self, k: int = 3) -> list[tuple[Hashable, float]]:
+        return []
+
+    def protected_blocks(self) -> dict[str, int]:
+        return {"anchor": 0, "session": 0}
+
+    def learned_counts(self) -> LearnedCounts:
+        return LearnedCounts()
+
+    def prefetch_settings(self) -> PrefetchSettings:
+        return PrefetchSettings()
+
+    def tiering_view(self) -> dict[str, Any] | None:
+        return None
+
+    def anchor_labels(self) -> Any:
+        """Anchors this replica holds, for routers that read them; None: none kept."""
+        return None

@@ -3,8 +3,9 @@
 
 Specification
 -------------
-Eviction is ``GroupEvictionPolicy`` (``anchorage.policies.group_eviction``) with the agent
-signals:
+Eviction is a preset of group-scored eviction (``anchorage.policies.group``) with the
+agent signals (anchors, transitions, gaps without tool metadata, dead outputs, stale
+blocks):
 
 - agents are prompt-prefix fingerprints (``anchorage.fingerprint``: the end of the prefix
   shared across sessions), never the ``agent`` label; tables LRU-capped (``max_agents``
@@ -23,7 +24,8 @@ signals:
   ``p`` that the session calls ``f`` within two steps (``TransitionLearner.reach``);
   ended or idle sessions stop protecting their blocks.
 
-Prefetch advisor (section 3.4): ``PrefetchAdvisor(policy).advise(session_id)`` returns the
+Prefetch advisor (section 3.4), over any policy's introspection interface
+(``anchorage.policies.base``): ``PrefetchAdvisor(policy).advise(session_id)`` returns the
 session's predicted next agent ``argmax_j P(j | current)`` (eq. 10), its probability, the
 predictability ``R`` (eq. 2) and whether ``R >= R_min`` (eq. 11; ``r_min``: the policy's
 tuned ``r_min`` when it is positive, else 0.3) and prefetch is enabled (the policy's
@@ -36,20 +38,21 @@ by the expected number of active sessions calling them next. Warm-up requests
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Hashable
 
-from anchorage.policies.group_eviction import INF, GroupEvictionPolicy, Signals
+from anchorage.policies.base import EvictionPolicy
+from anchorage.policies.group import GroupEvictionPolicy, Signals, build_config
 
+INF = math.inf
 SIGNALS = Signals(anchors=True, transitions=True, gaps=True, tools=False, dead_outputs=True)
 
 
-class CacheScoutPolicy(GroupEvictionPolicy):
-    name = "cachescout"
-
-    def __init__(self, block_size: int = 16, **params: Any):
-        super().__init__(block_size=block_size, signals=params.pop("signals", SIGNALS),
-                         **params)
+def cachescout(block_size: int = 16, **params: Any) -> GroupEvictionPolicy:
+    cfg = build_config("cachescout", params.pop("signals", SIGNALS), block_size=block_size,
+                       cluster_fn=params.pop("cluster_fn", None), **params)
+    return GroupEvictionPolicy(cfg)
 
 
 @dataclass
@@ -64,15 +67,16 @@ class Advice:
 
 
 class PrefetchAdvisor:
-    """Read-only view of a ``GroupEvictionPolicy``'s learned model for the sidecar."""
+    """Prefetch advice from a policy's learned model, for the sidecar (module spec)."""
 
-    def __init__(self, policy: GroupEvictionPolicy, r_min: float | None = None):
+    def __init__(self, policy: EvictionPolicy, r_min: float | None = None):
         self.policy = policy
+        s = policy.prefetch_settings()
         if r_min is None:  # the policy's tuned gate when it has one, else the paper's 0.3
-            r_min = getattr(policy, "r_min", 0.0) or 0.3
+            r_min = s.r_min or 0.3
         self.r_min = r_min
-        self.enabled = bool(getattr(policy, "prefetch", True))
-        self.rate_per_s = float(getattr(policy, "prefetch_rate_per_s", INF))
+        self.enabled = bool(s.enabled)
+        self.rate_per_s = float(s.rate_per_s)
 
     def budget(self, interval_s: float) -> int:
         """Warm-ups allowed in ``interval_s`` seconds (``prefetch_rate_per_s``; 0 when
@@ -84,30 +88,24 @@ class PrefetchAdvisor:
         return int(self.rate_per_s * max(0.0, interval_s))
 
     def predictability(self) -> float:
-        return self.policy.trans.predictability()
+        return self.policy.predictability()
 
     def _resident(self, fp: Hashable) -> bool:
-        pool = getattr(self.policy, "pool", None)
+        pool = self.policy.pool
         return pool is not None and fp in pool.cached
 
     def advise(self, session_id: Hashable) -> Advice:
         pol = self.policy
-        s = pol.sessions.get(session_id)
-        cur = s.agent if s is not None else None
+        cur = pol.session_agent(session_id)
         R = self.predictability()
-        nxt, p = pol.trans.next_agent(cur) if cur is not None else (None, 0.0)
+        nxt, p = pol.next_agent(cur) if cur is not None else (None, 0.0)
         gate = self.enabled and R >= self.r_min
         warm = [nxt] if (gate and nxt is not None and not self._resident(nxt)) else []
         return Advice(session_id, cur, nxt, p, R, gate, warm)
 
     def warm_candidates(self, k: int = 3) -> list[tuple[Hashable, float]]:
         """Agents ranked by expected number of active sessions calling them next."""
-        pol = self.policy
-        score: dict[Hashable, float] = {}
-        for i, n_i in pol.at_agent.items():
-            for j in pol.trans.agents:
-                score[j] = score.get(j, 0.0) + n_i * pol.trans.prob(i, j)
-        return sorted(score.items(), key=lambda kv: (-kv[1], str(kv[0])))[:k]
+        return self.policy.predicted_agents(k)
 
 
-POLICIES = {"cachescout": lambda block_size=16, **p: CacheScoutPolicy(block_size=block_size, **p)}
+POLICIES = {"cachescout": cachescout}

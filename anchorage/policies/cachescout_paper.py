@@ -151,7 +151,7 @@ class CacheScoutPaperPolicy(EvictionPolicy):
                 best, best_a = (sc, top[0]), a
         for a in empty:
             del self.free[a]
-        if best_a is None:
+        if best is None:  # (best_a may be None: blocks of no known agent)
             return None
         _, _, b = heapq.heappop(self.free[best_a])
         del self.live[b]

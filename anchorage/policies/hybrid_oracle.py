@@ -5,8 +5,10 @@ Specification
 -------------
 Inputs: the replay's contexts (``contexts``, as ``belady`` and ``cachewise-oracle`` get
 them), read ahead of time, including ``agent_truth`` (the trace's agent label). Everything
-else is ``hybrid`` (``anchorage.policies.group_eviction``: same groups, same learning, same
-scores) except where a piece of knowledge named in ``know`` replaces a learned estimate:
+else is ``hybrid`` (``anchorage.policies.group``: same groups, same learning, same scores)
+except where a piece of knowledge named in ``know`` replaces a learned estimate (the
+model's view, ``TruthView``, answers from the future; ``end`` ends sessions through
+``GroupEvictionPolicy.end_session``):
 
 - ``tool``: the exact tool time. A session whose last request called a tool and that
   comes back is scored by its true wait: ``T = t_next - now`` (``t_next``: the session's
@@ -45,8 +47,11 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 from anchorage.policies.base import RequestContext, next_in_session
-from anchorage.policies.group_eviction import ANCHOR, THREAD, Group, Session
-from anchorage.policies.hybrid import HybridPolicy
+from anchorage.policies.group import ANCHOR, THREAD, GroupEvictionPolicy, build_config
+from anchorage.policies.group.groups import Group
+from anchorage.policies.group.model import Session, WorkloadModel
+from anchorage.policies.group.view import ModelView
+from anchorage.policies.hybrid import SIGNALS
 
 INF = math.inf
 KNOWLEDGE = ("tool", "end", "next", "thread", "anchor")
@@ -69,121 +74,138 @@ def parse_know(know: str | Sequence[str]) -> frozenset[str]:
     return frozenset(parts)
 
 
-class HybridOraclePolicy(HybridPolicy):
-    """Reads the future (see the module spec): a reference only."""
+class Truth:
+    """The replay read ahead: per ``seq``, the session's next request (time, agent label),
+    whether it is the session's last, whether it called a tool; each thread's and each
+    agent's request times; and the label <-> fingerprint maps observed so far."""
 
-    name = "hybrid-oracle"
-    offline = True
-
-    def __init__(self, contexts: Sequence[RequestContext], block_size: int = 16,
-                 know: str | Sequence[str] = "L5", **params: Any):
-        super().__init__(block_size=block_size, **params)
-        self.know = parse_know(know)
+    def __init__(self, contexts: Sequence[RequestContext]):
         n = len(contexts)
-        self._next_s = [INF] * n          # the session's next request time
-        self._next_agent: list[Any] = [None] * n
-        self._last = [False] * n          # the session's last request
-        self._tool = [False] * n
+        self.next_s = [INF] * n
+        self.next_agent: list[Any] = [None] * n
+        self.last = [False] * n
+        self.tool = [False] * n
         following = next_in_session(contexts)
         for c in contexts:
             if c.session_id is None or not 0 <= c.seq < n:
                 continue
             m = following[c.seq]
             if m is not None:
-                self._next_s[c.seq], self._next_agent[c.seq] = m.now_s, m.agent_truth
-            self._last[c.seq] = m is None
-            self._tool[c.seq] = c.tool_name is not None
-        # (session, agent) -> sorted (seq, time) of its requests; agent -> sorted times
-        self._thread_seqs: dict[tuple[Any, Any], list[int]] = {}
-        self._thread_ts: dict[tuple[Any, Any], list[float]] = {}
-        self._agent_ts: dict[Any, list[float]] = {}
+                self.next_s[c.seq], self.next_agent[c.seq] = m.now_s, m.agent_truth
+            self.last[c.seq] = m is None
+            self.tool[c.seq] = c.tool_name is not None
+        # (session, agent) -> sorted seqs and times of its requests; agent -> sorted times
+        self.thread_seqs: dict[tuple[Any, Any], list[int]] = {}
+        self.thread_ts: dict[tuple[Any, Any], list[float]] = {}
+        self.agent_ts: dict[Any, list[float]] = {}
         for c in sorted(contexts, key=lambda c: c.seq):
             if c.agent_truth is None:
                 continue
             if c.session_id is not None:
                 k = (c.session_id, c.agent_truth)
-                self._thread_seqs.setdefault(k, []).append(c.seq)
-                self._thread_ts.setdefault(k, []).append(c.now_s)
-            self._agent_ts.setdefault(c.agent_truth, []).append(c.now_s)
-        for ts in self._agent_ts.values():
+                self.thread_seqs.setdefault(k, []).append(c.seq)
+                self.thread_ts.setdefault(k, []).append(c.now_s)
+            self.agent_ts.setdefault(c.agent_truth, []).append(c.now_s)
+        for ts in self.agent_ts.values():
             ts.sort()
-        self._truth_of: dict[Hashable, Any] = {}  # fingerprint -> agent label
-        self._fp_of: dict[Any, Hashable] = {}     # agent label -> fingerprint
-        self._sid_of: dict[int, Any] = {}         # id(Session) -> trace session id
+        self.truth_of: dict[Hashable, Any] = {}  # fingerprint -> agent label
+        self.fp_of: dict[Any, Hashable] = {}     # agent label -> fingerprint
+        self.named: set[Any] = set()             # sessions seen with their trace id
 
-    # -- what the oracle observes ---------------------------------------------------------
+    def seq_ok(self, sess: Session) -> bool:
+        return 0 <= sess.last_seq < len(self.next_s)
 
-    def on_request(self, ctx: RequestContext) -> None:
-        super().on_request(ctx)
-        cur = self._cur
-        if cur is None:
-            return
-        sess, agent, _ = cur
-        if ctx.session_id is not None:
-            self._sid_of[id(sess)] = ctx.session_id
-        if agent is not None and ctx.agent_truth is not None:
-            self._truth_of[agent.fp] = ctx.agent_truth
-            self._fp_of[ctx.agent_truth] = agent.fp
 
-    def on_request_done(self, ctx: RequestContext) -> None:
-        if "end" in self.know and 0 <= ctx.seq < len(self._last) and self._last[ctx.seq]:
-            cur = self._reqs.get(ctx.request_id) if ctx.request_id is not None else None
-            if cur is not None and not cur[0].ended:
-                sess = cur[0]
-                super().on_request_done(ctx)  # sets last_s, then end it before re-scoring
-                self._end_session(sess)
-                for g in sess.groups.values():
-                    self._touched[id(g)] = g
-                self._flush(self._now)
-                return
-        super().on_request_done(ctx)
+class TruthView(ModelView):
+    """``hybrid``'s view with the knowledge in ``know`` read from ``truth``."""
 
-    # -- scores ---------------------------------------------------------------------------
+    def __init__(self, model: WorkloadModel, truth: Truth, know: frozenset[str]):
+        super().__init__(model)
+        self.truth = truth
+        self.know = know
+        self.epoch_of = lambda: 0.0  # the policy's epoch (set by the policy)
 
-    def _seq_ok(self, sess: Session) -> bool:
-        return 0 <= sess.last_seq < len(self._next_s)
-
-    def _session_wait(self, sess: Session, now: float) -> float | None:
-        if ("tool" in self.know and not sess.ended and self._seq_ok(sess)
-                and self._tool[sess.last_seq] and self._next_s[sess.last_seq] < INF):
+    def session_wait(self, sess: Session, now: float) -> float | None:
+        tr = self.truth
+        if ("tool" in self.know and not sess.ended and tr.seq_ok(sess)
+                and tr.tool[sess.last_seq] and tr.next_s[sess.last_seq] < INF):
             # in the frame of K = epoch + T: K is the true next request time
-            return max(0.0, self._next_s[sess.last_seq] - self._epoch)
-        return super()._session_wait(sess, now)
+            return max(0.0, tr.next_s[sess.last_seq] - self.epoch_of())
+        return super().session_wait(sess, now)
 
-    def _thread_reach(self, sess: Session, fp: Hashable) -> tuple[float | None, float]:
-        if "next" in self.know and self._seq_ok(sess):
-            nfp = self._fp_of.get(self._next_agent[sess.last_seq])
+    def thread_reach(self, sess: Session, fp: Hashable) -> tuple[float | None, float]:
+        tr = self.truth
+        if "next" in self.know and tr.seq_ok(sess):
+            nfp = tr.fp_of.get(tr.next_agent[sess.last_seq])
             if nfp is not None:
                 if nfp == fp:
                     return 1.0, 1.0
-                p, steps = self._reach(nfp, fp)
+                p, steps = self.reach(nfp, fp)
                 return p, steps + 1.0
-        return super()._thread_reach(sess, fp)
+        return super().thread_reach(sess, fp)
 
-    def _score(self, g: Group, now: float) -> None:
-        super()._score(g, now)
-        if g.hold > 0 or g.agent is None:
-            return
+    def known_next_use(self, g: Group, now: float) -> float | None:
+        if g.agent is None:
+            return None
+        tr = self.truth
         if g.kind == THREAD and "thread" in self.know:
             sess = g.sess
-            truth = self._truth_of.get(g.agent.fp)
-            sid = self._sid_of.get(id(sess))
-            if truth is None or sid is None:
-                return
-            seqs = self._thread_seqs.get((sid, truth))
-            t = INF
+            truth = tr.truth_of.get(g.agent.fp)
+            if truth is None or sess.sid not in tr.named:
+                return None
+            seqs = tr.thread_seqs.get((sess.sid, truth))
             if seqs:
                 i = bisect.bisect_right(seqs, sess.last_seq)
                 if i < len(seqs):
-                    t = self._thread_ts[(sid, truth)][i]
-            g.K, g.mult, g.add = t, 1.0, 0.0
-        elif g.kind == ANCHOR and "anchor" in self.know:
-            truth = self._truth_of.get(g.agent.fp)
-            ts = self._agent_ts.get(truth)
+                    return tr.thread_ts[(sess.sid, truth)][i]
+            return INF
+        if g.kind == ANCHOR and "anchor" in self.know:
+            ts = tr.agent_ts.get(tr.truth_of.get(g.agent.fp))
             if not ts:
-                return
+                return None
             i = bisect.bisect_right(ts, now)
-            g.K, g.mult, g.add = (ts[i] if i < len(ts) else INF), 1.0, 0.0
+            return ts[i] if i < len(ts) else INF
+        return None
+
+
+class HybridOraclePolicy(GroupEvictionPolicy):
+    """Reads the future (see the module spec): a reference only."""
+
+    offline = True
+
+    def __init__(self, contexts: Sequence[RequestContext], block_size: int = 16,
+                 know: str | Sequence[str] = "L5", clusters: Any = None, **params: Any):
+        self.know = parse_know(know)
+        self.truth = Truth(contexts)
+        cfg = build_config("hybrid-oracle", params.pop("signals", SIGNALS),
+                           block_size=block_size,
+                           cluster_fn=clusters.cluster if clusters is not None else None,
+                           **params)
+        super().__init__(cfg, view=lambda m: TruthView(m, self.truth, self.know))
+        self.view.epoch_of = lambda: self.heap.epoch
+
+    def on_request(self, ctx: RequestContext) -> None:
+        super().on_request(ctx)
+        ins = self.last_request()
+        if ins is None:
+            return
+        tr = self.truth
+        if ctx.session_id is not None:
+            tr.named.add(ins.session)
+        if ins.fingerprint is not None and ctx.agent_truth is not None:
+            tr.truth_of[ins.fingerprint] = ctx.agent_truth
+            tr.fp_of[ctx.agent_truth] = ins.fingerprint
+
+    def on_request_done(self, ctx: RequestContext) -> None:
+        info = None
+        if ("end" in self.know and 0 <= ctx.seq < len(self.truth.last)
+                and self.truth.last[ctx.seq]):
+            info = self.model.request(ctx.request_id)
+            if info is not None and info.session.ended:
+                info = None
+        super().on_request_done(ctx)
+        if info is not None:
+            self.end_session(info.session)  # after its last completion is set
 
 
 def _factory(contexts: Sequence[RequestContext], block_size: int = 16,

@@ -29,7 +29,7 @@ class LRUPolicy(EvictionPolicy):
     def on_hit(self, ctx: RequestContext, blocks: list[int], were_free: list[int]) -> None:
         q = self._queue
         for b in were_free:
-            del q[b]
+            q.pop(b, None)  # a block it never saw freed: nothing to forget
 
     def on_freed(self, ctx: RequestContext, blocks: list[int]) -> None:
         q = self._queue

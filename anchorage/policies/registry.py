@@ -3,7 +3,8 @@
 Every module in this package may define ``POLICIES = {name: factory}`` (online) and
 ``OFFLINE_POLICIES = {name: factory}`` (reads the future; simulator only). Factories are
 called as ``factory(block_size=..., **params)``; offline ones also get ``contexts=``.
-Modules are discovered on first use, so adding a policy is adding one file.
+Modules are discovered on first use, so adding a policy is adding one file (the
+``group`` package is the engine behind the group-scored presets, not a policy).
 """
 
 from __future__ import annotations
@@ -11,17 +12,10 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Sequence
 
-from anchorage.policies.base import EvictionPolicy, RequestContext
+from anchorage.policies.base import EvictionPolicy, RequestContext, UnknownParameterError
 
 _ONLINE: dict[str, Callable[..., EvictionPolicy]] = {}
 _OFFLINE: dict[str, Callable[..., EvictionPolicy]] = {}
-
-
-def register(name: str, *, offline: bool = False):
-    def deco(factory: Callable[..., EvictionPolicy]):
-        (_OFFLINE if offline else _ONLINE)[name] = factory
-        return factory
-    return deco
 
 
 def _load_builtins() -> None:
@@ -43,7 +37,7 @@ def _load_builtins() -> None:
     import anchorage.policies as pkg
 
     for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
-        if info.name in ("base", "registry", "lru", "belady") or info.name.startswith("_"):
+        if info.name in ("base", "registry", "lru", "belady", "group") or info.name.startswith("_"):
             continue
         mod = importlib.import_module(f"anchorage.policies.{info.name}")
         _ONLINE.update(getattr(mod, "POLICIES", {}))
@@ -83,6 +77,8 @@ def make_policy(name: str, *, block_size: int = 16,
 def _call(name: str, factory: Callable[..., EvictionPolicy], **params: Any) -> EvictionPolicy:
     try:
         return factory(**params)
+    except UnknownParameterError as e:
+        raise TypeError(f"policy {name!r} does not accept parameter {e.name!r}") from None
     except TypeError as e:
         m = re.search(r"unexpected keyword argument '(\w+)'", str(e))
         if m:

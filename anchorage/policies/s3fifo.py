@@ -73,7 +73,9 @@ class S3FIFOPolicy(EvictionPolicy):
     def on_hit(self, ctx: RequestContext, blocks: list[int], were_free: list[int]) -> None:
         queue, free = self._queue, self._free
         for b in were_free:
-            free[queue[b]].remove(b)
+            q = queue.get(b)
+            if q is not None:
+                free[q].remove(b)
         freq, mx = self._freq, self.max_freq
         for b in blocks:
             f = freq.get(b, 0)
@@ -96,6 +98,10 @@ class S3FIFOPolicy(EvictionPolicy):
     def on_freed(self, ctx: RequestContext, blocks: list[int]) -> None:
         queue, pos, free = self._queue, self._pos, self._free
         for b in blocks:
+            if b not in queue:  # never seen cached (cached behind the policy's back): new
+                self._insert(b, _S)
+                self._freq[b] = 0
+                self._size[_S] += 1
             free[queue[b]].push(b, pos[b])
 
     def pop_victim(self) -> int | None:

@@ -49,7 +49,7 @@ class TTLPolicy(EvictionPolicy):
         lru, pinned = self._lru, self._pinned
         for b in were_free:
             if lru.pop(b, None) is None:
-                del pinned[b]
+                pinned.pop(b, None)
 
     def on_freed(self, ctx: RequestContext, blocks: list[int]) -> None:
         now = max(self._now, ctx.now_s)

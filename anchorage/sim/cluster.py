@@ -27,8 +27,8 @@ Warm-up: requests flagged ``warmup`` (``extra.warmup`` in the trace) or arriving
 carry ``ctx.warmup`` so policies do not learn from them.
 
 Routers: ``Router`` objects from ``anchorage.routing`` see a ``ReplicaView`` per replica
-(running, waiting, queued prefill tokens, KV usage, capacity; ``extra["anchors"]`` when the replica's policy has
-an ``anchor_labels()`` method) and are told ``on_start``/``on_finish``; routers
+(running, waiting, queued prefill tokens, KV usage, capacity; ``extra["anchors"]`` when the
+replica's policy's ``anchor_labels()`` returns any) and are told ``on_start``/``on_finish``; routers
 that consume KV events get ``BlockStored``/``BlockRemoved`` from the replica's pool. The
 ``pooled`` mode is the placement reference: R schedulers share one pool of R times the
 capacity (a perfectly shared cache), and requests go to the least-loaded scheduler.
@@ -210,9 +210,9 @@ class ClusterSim:
             v.waiting = len(r.waiting)
             v.kv_usage = r.pool.usage
             v.queued_tokens = queued_prefill_tokens(r)
-            labels = getattr(r.pool.policy, "anchor_labels", None)
+            labels = r.pool.policy.anchor_labels()
             if labels is not None:  # policy state the `agent` router reads
-                v.extra["anchors"] = labels()
+                v.extra["anchors"] = labels
         req.ctx.now_s = self.now
         return self.router.pick(req.ctx, self.views)
 

@@ -4,7 +4,10 @@ node-agent sidecar. Pure: plain data in, ``(argv, env)`` out.
 Engine defaults for the CPU demo (ENVIRONMENT.md): tiny Llama with dummy weights, token-id
 prompts, eager mode, prefix caching, block size 32, a small KV pool
 (``num_gpu_blocks_override``) so eviction decides the hit rate, KV events on an ``ipc://``
-socket (never ``tcp://*``), ``--enable-prompt-tokens-details`` (``cached_tokens`` in usage).
+socket (never ``tcp://*``), ``--enable-prompt-tokens-details`` (``cached_tokens`` in usage),
+and ``VLLM_HOST_IP=127.0.0.1``: without it vLLM finds "its" address by connecting a UDP
+socket to 8.8.8.8 (``vllm.utils.network_utils.get_ip``), and its engine core and workers
+talk over that address.
 The engine runs through ``python -m anchorage.stack.vllm_server``, which registers the
 Anchorage plugin before vLLM starts; ``ANCHORAGE_POLICY`` picks the eviction policy (``off``:
 stock vLLM, nothing patched)."""
@@ -77,6 +80,7 @@ def engine_command(spec: EngineSpec, base_env: dict[str, str]) -> tuple[list[str
     env = {k: v for k, v in base_env.items() if not k.startswith("ANCHORAGE_")}
     env.update(ANCHORAGE_POLICY=spec.policy, ANCHORAGE_STATE_DIR=str(spec.state_dir),
                VLLM_NO_USAGE_STATS="1", VLLM_WORKER_MULTIPROC_METHOD="fork",
+               VLLM_HOST_IP="127.0.0.1",
                HOME=str(spec.workdir / "home"))
     if spec.cpu:
         env.setdefault("OMP_NUM_THREADS", "1")

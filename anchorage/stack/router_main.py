@@ -1,12 +1,11 @@
-"""``python -m anchorage.stack.router_main CONFIG.json``: a local Ray (loopback node address,
-no dashboard) with Serve's ingress on ``127.0.0.1:<port>`` (HAProxy with direct ingress
-unless the config says ``ingress: serve``) and the Anchorage router deployed from a
-``RouterConfig`` dict. SIGTERM/SIGINT shut Serve and Ray down.
+"""``python -m anchorage.stack.router_main CONFIG.json``: a local Ray (no dashboard) with
+Serve's ingress on ``127.0.0.1:<port>`` (HAProxy with direct ingress unless the config says
+``ingress: serve``) and the Anchorage router deployed from a ``RouterConfig`` dict.
+SIGTERM/SIGINT shut Serve and Ray down.
 
-Caveat (docs/demo.md): a Ray Serve replica's own gRPC server listens on every interface;
-``anchorage demo`` runs the whole stack inside a private network namespace when it can
-(root with ``unshare``). With the HAProxy ingress, HAProxy's stats (8404) and Prometheus
-(9101) listeners also bind every interface (Ray Serve 2.60's template)."""
+Ray is kept on loopback by ``anchorage.stack.ray_loopback`` (node IP 127.0.0.1, Serve
+replicas' gRPC port on 127.0.0.1; the stack prepares HOME so that no cloud metadata
+server is probed)."""
 
 from __future__ import annotations
 
@@ -19,7 +18,11 @@ import time
 
 def main(path: str) -> int:
     spec = json.loads(open(path).read())
+    from anchorage.stack import ray_loopback
+
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    for k, v in ray_loopback.ENV.items():
+        os.environ.setdefault(k, v)
     from anchorage.router.app import APP_NAME, build_app, hosting_env
     from anchorage.router.config import RouterConfig
 
@@ -33,9 +36,9 @@ def main(path: str) -> int:
     def on_signal(signum, frame):  # noqa: ARG001
         stop["now"] = True
 
-    ray.init(num_cpus=spec.get("num_cpus", 2), include_dashboard=False,
-             _node_ip_address="127.0.0.1", namespace="anchorage", logging_level="WARNING",
-             log_to_driver=False, _temp_dir=spec.get("ray_temp_dir"))
+    ray.init(num_cpus=spec.get("num_cpus", 2), include_dashboard=False, namespace="anchorage",
+             logging_level="WARNING", log_to_driver=False, _temp_dir=spec.get("ray_temp_dir"),
+             **ray_loopback.init_kwargs())
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": spec["port"]})
         serve.run(build_app(cfg), name=APP_NAME, route_prefix="/")

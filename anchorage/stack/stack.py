@@ -4,7 +4,11 @@ Ray Serve router in front of them, and a local Prometheus scraping all of them.
 ``Stack(config).start(progress)`` starts the pieces in dependency order (engines in
 parallel, then sidecars, router, Prometheus), health-checks each and returns the endpoints;
 any failure stops everything already started and raises ``StartError`` with one line per
-cause. ``stop()`` stops everything (process groups and descendants) and is idempotent."""
+cause. Once up, a watcher thread supervises the children (``Supervisor.tick``): one that
+dies is reported, reaped with its whole process tree and restarted with back-off
+(``anchorage.stack.restart``) while the others keep serving; ``check()`` says when nothing
+can serve any more. ``stop()`` stops everything (process groups and descendants) and is
+idempotent."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,10 +25,15 @@ from typing import Callable
 from anchorage.stack import engines as eng
 from anchorage.stack import ports as portmod
 from anchorage.stack import prometheus as prom
-from anchorage.stack.supervisor import StartError, Supervisor, http_ok
+from anchorage.stack import ray_loopback
+from anchorage.stack.restart import AUX, ENGINE, ROUTER, RestartPolicy, can_serve
+from anchorage.stack.supervisor import StartError, Supervisor, describe_exit, http_ok
 from anchorage.stack.tiny_model import vocab_size, write_tiny_model
 
 POLICIES_OFF = ("off", "stock", "none")
+# a health check's own timeout: a busy 2-core machine answers slowly, and a restarted piece
+# that is never seen ready in time is restarted again
+READY_TIMEOUT_S = 5.0
 
 
 @dataclass
@@ -42,6 +52,7 @@ class StackConfig:
     cpu: bool = True
     engine_timeout_s: float = 600.0
     router_timeout_s: float = 180.0
+    restart: RestartPolicy = field(default_factory=RestartPolicy)
 
     def validate(self) -> "StackConfig":
         if not 1 <= self.engines <= 16:
@@ -88,18 +99,34 @@ class Stack:
         else:
             self._tmp = tempfile.mkdtemp(prefix="anchorage-stack-")
             self.workdir = Path(self._tmp)
-        self.sup = Supervisor(self.workdir / "logs")
+        self.sup = Supervisor(self.workdir / "logs", config.restart)
         self.endpoints: Endpoints | None = None
         self.notes: list[str] = []
         self._haproxy: str | None = None   # HAProxy's files (short path: Unix sockets)
+        self.problem: str | None = None
+        self._watcher: threading.Thread | None = None
+        self._stop_watch = threading.Event()
 
     # -- start ---------------------------------------------------------------------------
-    def start(self, say: Callable[[str], None] = print) -> Endpoints:
+    def start(self, say: Callable[[str], None] = print, supervise: bool = True) -> Endpoints:
+        """Start everything; with ``supervise`` a watcher thread then restarts children
+        that die and reports each event through ``say``."""
         try:
-            return self._start(say)
+            ep = self._start(say)
         except BaseException:
             self.stop()
             raise
+        if supervise:
+            self.watch(say)
+        return ep
+
+    def watch(self, say: Callable[[str], None] = print) -> None:
+        """Start the watcher thread over the children started so far (``start`` does)."""
+        if self._watcher is None:
+            self._stop_watch.clear()
+            self._watcher = threading.Thread(target=self._watch, args=(say,),
+                                             name="stack-supervisor", daemon=True)
+            self._watcher.start()
 
     def _start(self, say: Callable[[str], None]) -> Endpoints:
         cfg = self.cfg
@@ -134,57 +161,11 @@ class Stack:
                 dummy=dummy, cpu=cfg.cpu, warmup=cfg.warmup))
         say(f"starting {cfg.engines} vLLM engine(s) (policy {cfg.policy}"
             f"{', tiny Llama with dummy weights' if dummy else ', model ' + model}) ...")
-        children = []
-        for s in specs:
-            argv, env = eng.engine_command(s, base_env)
-            children.append((s, self.sup.start(f"engine-{s.index}", argv, env, cwd=s.workdir)))
-        t0 = time.monotonic()
-        for s, child in children:
-            self.sup.wait_ready(child, lambda s=s: http_ok(s.url + "/health"),
-                                cfg.engine_timeout_s, _ticker(say, f"engine {s.index}"))
-            say(f"  engine {s.index} ready at {s.url} ({time.monotonic() - t0:.0f} s)")
-        say("starting node-agent sidecars ...")
-        side = []
-        for s in specs:
-            argv, env = eng.sidecar_command(s, base_env)
-            side.append((s, self.sup.start(f"node-agent-{s.index}", argv, env)))
-        for s, child in side:
-            self.sup.wait_ready(child, lambda s=s: http_ok(s.sidecar_url + "/healthz"), 60)
-            say(f"  node agent {s.index} at {s.sidecar_url}")
-        say(f"starting the router (Ray Serve, policy {cfg.router}) ...")
-        router_url = f"http://127.0.0.1:{ports.router}"
-        rdir = self.workdir / "router"
-        (rdir / "home").mkdir(parents=True, exist_ok=True)
-        spec = {"port": ports.router, "num_cpus": 2, "router": {
-            "replicas": [s.url for s in specs], "policy": cfg.router,
-            "policy_params": cfg.router_params, "block_size": cfg.block_size,
-            "health_interval_s": 1.0, "model": "tiny" if dummy else None,
-            "vocab_size": vocab_size(model) if dummy else 0,
-            "kv_events": ({s.url: s.kv_endpoint for s in specs}
-                          if cfg.router == "precise_prefix" else {})}}
-        spec["haproxy_dir"] = self._haproxy = tempfile.mkdtemp(prefix="ah-", dir="/tmp")
-        (rdir / "router.json").write_text(json.dumps(spec, indent=1))
-        renv = {k: v for k, v in base_env.items() if not k.startswith("RAY_ADDRESS")}
-        renv.update(HOME=str(rdir / "home"), RAY_USAGE_STATS_ENABLED="0",
-                    RAY_DISABLE_USAGE_STATS="1")
-        rchild = self.sup.start("router", [sys.executable, "-m", "anchorage.stack.router_main",
-                                           str(rdir / "router.json")], renv, cwd=rdir)
-        self.sup.wait_ready(rchild, lambda: http_ok(router_url + "/healthz"),
-                            cfg.router_timeout_s, _ticker(say, "router"))
-        say(f"  router ready at {router_url}")
+        self._start_engines(specs, base_env, say)
+        router_url = self._start_router(specs, ports.router, dummy, base_env, say)
         prom_url = None
         if binary is not None:
-            pdir = self.workdir / "prometheus"
-            pdir.mkdir(parents=True, exist_ok=True)
-            hp = lambda u: u.split("//", 1)[1]  # noqa: E731
-            (pdir / "prometheus.yml").write_text(prom.config_text({
-                "vllm": [hp(s.url) for s in specs],
-                "anchorage-node-agent": [hp(s.sidecar_url) for s in specs],
-                "anchorage-router": [hp(router_url)]}))
-            pchild = self.sup.start("prometheus", prom.command(binary, pdir, ports.prometheus))
-            prom_url = f"http://127.0.0.1:{ports.prometheus}"
-            self.sup.wait_ready(pchild, lambda: http_ok(prom_url + "/-/ready"), 60)
-            say(f"  Prometheus at {prom_url}")
+            prom_url = self._start_prometheus(specs, router_url, binary, ports.prometheus, say)
         self.endpoints = Endpoints(router=router_url, engines=[s.url for s in specs],
                                    sidecars=[s.sidecar_url for s in specs],
                                    prometheus=prom_url, workdir=str(self.workdir), model=model)
@@ -193,15 +174,109 @@ class Stack:
             say(n)
         return self.endpoints
 
+    def _start_engines(self, specs: list, base_env: dict, say: Callable[[str], None]) -> None:
+        """The engines (in parallel), then one node agent per engine."""
+        children = []
+        for s in specs:
+            argv, env = eng.engine_command(s, base_env)
+            children.append((s, self.sup.start(f"engine-{s.index}", argv, env, cwd=s.workdir,
+                                               role=ENGINE)))
+        t0 = time.monotonic()
+        for s, child in children:
+            self.sup.wait_ready(child, lambda s=s: http_ok(s.url + "/health", READY_TIMEOUT_S),
+                                self.cfg.engine_timeout_s, _ticker(say, f"engine {s.index}"))
+            say(f"  engine {s.index} ready at {s.url} ({time.monotonic() - t0:.0f} s)")
+        say("starting node-agent sidecars ...")
+        side = []
+        for s in specs:
+            argv, env = eng.sidecar_command(s, base_env)
+            side.append((s, self.sup.start(f"node-agent-{s.index}", argv, env, role=AUX)))
+        for s, child in side:
+            self.sup.wait_ready(
+                child, lambda s=s: http_ok(s.sidecar_url + "/healthz", READY_TIMEOUT_S), 60)
+            say(f"  node agent {s.index} at {s.sidecar_url}")
+
+    def _start_router(self, specs: list, port: int, dummy: bool, base_env: dict,
+                      say: Callable[[str], None]) -> str:
+        cfg = self.cfg
+        say(f"starting the router (Ray Serve, policy {cfg.router}) ...")
+        router_url = f"http://127.0.0.1:{port}"
+        rdir = self.workdir / "router"
+        (rdir / "home").mkdir(parents=True, exist_ok=True)
+        ray_loopback.prepare_home(rdir / "home")
+        spec = {"port": port, "num_cpus": 2, "router": {
+            "replicas": [s.url for s in specs], "policy": cfg.router,
+            "policy_params": cfg.router_params, "block_size": cfg.block_size,
+            "health_interval_s": 1.0, "model": "tiny" if dummy else None,
+            "vocab_size": vocab_size(specs[0].model) if dummy else 0,
+            "kv_events": ({s.url: s.kv_endpoint for s in specs}
+                          if cfg.router == "precise_prefix" else {})}}
+        if self._haproxy is None:       # HAProxy's files (short path: Unix sockets)
+            self._haproxy = tempfile.mkdtemp(prefix="ah-", dir="/tmp")
+        spec["haproxy_dir"] = self._haproxy
+        (rdir / "router.json").write_text(json.dumps(spec, indent=1))
+        renv = {k: v for k, v in base_env.items() if not k.startswith("RAY_ADDRESS")}
+        renv.update(HOME=str(rdir / "home"), RAY_USAGE_STATS_ENABLED="0",
+                    RAY_DISABLE_USAGE_STATS="1", **ray_loopback.ENV)
+        rchild = self.sup.start("router", [sys.executable, "-m", "anchorage.stack.router_main",
+                                           str(rdir / "router.json")], renv, cwd=rdir,
+                                role=ROUTER)
+        self.sup.wait_ready(rchild, lambda: http_ok(router_url + "/healthz", READY_TIMEOUT_S),
+                            cfg.router_timeout_s, _ticker(say, "router"))
+        say(f"  router ready at {router_url}")
+        return router_url
+
+    def _start_prometheus(self, specs: list, router_url: str, binary: str, port: int,
+                          say: Callable[[str], None]) -> str:
+        pdir = self.workdir / "prometheus"
+        pdir.mkdir(parents=True, exist_ok=True)
+        hp = lambda u: u.split("//", 1)[1]  # noqa: E731
+        (pdir / "prometheus.yml").write_text(prom.config_text({
+            "vllm": [hp(s.url) for s in specs],
+            "anchorage-node-agent": [hp(s.sidecar_url) for s in specs],
+            "anchorage-router": [hp(router_url)]}))
+        pchild = self.sup.start("prometheus", prom.command(binary, pdir, port), role=AUX)
+        prom_url = f"http://127.0.0.1:{port}"
+        self.sup.wait_ready(pchild, lambda: http_ok(prom_url + "/-/ready", READY_TIMEOUT_S), 60)
+        say(f"  Prometheus at {prom_url}")
+        return prom_url
+
     # -- while running -------------------------------------------------------------------
+    def _watch(self, say: Callable[[str], None], every_s: float = 0.5) -> None:
+        while not self._stop_watch.wait(every_s):
+            try:
+                for line in self.sup.tick():
+                    say(line)
+            except Exception as exc:  # noqa: BLE001 - the watcher must not die silently
+                say(f"supervisor error: {type(exc).__name__}: {exc}")
+                continue
+            if self.problem is None and not self.can_serve():
+                self.problem = self._why_not_serving()
+
+    def can_serve(self) -> bool:
+        return can_serve((c.role, c.given_up) for c in self.sup.children)
+
+    def _why_not_serving(self) -> str:
+        gone = [c for c in self.sup.children if c.given_up and c.role in (ENGINE, ROUTER)]
+        return ("nothing can serve any more: " + "; ".join(
+            f"{c.name} {c.last_exit}" for c in gone)
+            + f" (gave up after {self.cfg.restart.max_restarts} failed restarts in a row; "
+              f"logs: {self.workdir / 'logs'})")
+
     def check(self) -> str | None:
-        """None while every child runs, else a one-line description of the first failure."""
-        for c in self.sup.failed():
-            return f"{c.name} exited with status {c.proc.returncode} (log: {c.log})"
-        return None
+        """None while the stack can serve (children that died are being restarted), else
+        a one-line description of why it cannot."""
+        if self._watcher is None and self.problem is None:   # not supervised: no restarts
+            for c in self.sup.failed():
+                return f"{c.name} {describe_exit(c.proc.returncode)} (log: {c.log})"
+        return self.problem
 
     # -- stop ----------------------------------------------------------------------------
     def stop(self) -> list[int]:
+        self._stop_watch.set()
+        if self._watcher is not None:
+            self._watcher.join(30)
+            self._watcher = None
         killed = self.sup.stop_all()
         if self._haproxy:
             import shutil

@@ -33,7 +33,9 @@ policy, then ``held``, then ``protected``. A hit removes a block from its place.
 wrapped policy sees every notification for the blocks it holds, and a block leaving it
 out of order is reported as a hit with no request (``on_hit`` with a request id of
 None), which the policies here treat as "no longer free" and learn nothing from.
-``agent_of(ctx)`` labels requests (the spatial policy's agent). Costs per block: O(log n)
+``agent_of(ctx)`` labels requests (the spatial policy's agent). The introspection
+interface (``anchorage.policies.base``) is the wrapped policy's, forwarded method by
+method (a wrapper subclass overrides ``tiering_view``). Costs per block: O(log n)
 for ``demoted`` and ``held`` (lazy heaps, ``anchorage.policies._lazyheap.LazyHeap``), O(1)
 otherwise.
 """
@@ -42,10 +44,12 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from typing import Any
 
 from anchorage.policies._lazyheap import LazyHeap
-from anchorage.policies.base import EvictionPolicy, RequestContext
+from anchorage.policies.base import (EvictionPolicy, LearnedCounts, PrefetchSettings,
+                                     RequestContext, RequestInsight)
 
 _NOBODY = RequestContext(request_id=None, keys=(), input_length=0, warmup=True)
 
@@ -63,11 +67,6 @@ class TieredEviction(EvictionPolicy):
         self.demoted_evictions = 0
         self.protected_evictions = 0
         self.held_evictions = 0
-
-    def __getattr__(self, name):  # anchor_labels, turnover_s, ... of the wrapped policy
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
 
     def attach(self, pool) -> None:
         super().attach(pool)
@@ -240,3 +239,44 @@ class TieredEviction(EvictionPolicy):
         self.protected.clear()
         self._where.clear()
         self.inner.reset()
+
+    # -- introspection: the wrapped policy's (``EvictionPolicy``) -------------------------
+
+    def last_request(self) -> RequestInsight | None:
+        return self.inner.last_request()
+
+    def fingerprint_of(self, keys: Sequence[Hashable]) -> Hashable | None:
+        return self.inner.fingerprint_of(keys)
+
+    def predictability(self) -> float:
+        return self.inner.predictability()
+
+    def next_agent(self, fp: Hashable) -> tuple[Hashable | None, float]:
+        return self.inner.next_agent(fp)
+
+    def session_agent(self, session_id: Hashable) -> Hashable | None:
+        return self.inner.session_agent(session_id)
+
+    def predicted_agents(self, k: int = 3) -> list[tuple[Hashable, float]]:
+        return self.inner.predicted_agents(k)
+
+    def protected_blocks(self) -> dict[str, int]:
+        return self.inner.protected_blocks()
+
+    def learned_counts(self) -> LearnedCounts:
+        return self.inner.learned_counts()
+
+    def model_state_bytes(self) -> int:
+        return self.inner.model_state_bytes()
+
+    def state_size_bytes(self) -> int:
+        return self.inner.state_size_bytes()
+
+    def prefetch_settings(self) -> PrefetchSettings:
+        return self.inner.prefetch_settings()
+
+    def tiering_view(self) -> dict[str, Any] | None:
+        return self.inner.tiering_view()
+
+    def anchor_labels(self) -> Any:
+        return self.inner.anchor_labels()

@@ -40,6 +40,8 @@ import math
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 
+from anchorage.policies.transitions import TransitionLearner
+
 
 @dataclass(frozen=True)
 class ScoreWeights:
@@ -70,8 +72,10 @@ def _shares(values: Mapping[Hashable, float]) -> dict[Hashable, float]:
     return {a: (v / tot if tot > 0 and v > 0 else 0.0) for a, v in values.items()}
 
 
-def transition_flow(learner, agents: Iterable[Hashable]) -> dict[Hashable, float]:
-    """``sum_i (n_i / N) P(a | i)`` for each agent (0 when nothing is learned), in
+def transition_flow(learner: TransitionLearner,
+                    agents: Iterable[Hashable]) -> dict[Hashable, float]:
+    """``sum_i (n_i / N) P(a | i)`` for each agent (0 when nothing is learned), from the
+    caller's own transition learner (never an eviction policy's internals), in
     O(non-zero counts + agents): with ``P(a | i) = (C_ia + eps) / (n_i + eps A)`` the
     smoothing term is the same for every ``a``."""
     agents = list(agents)

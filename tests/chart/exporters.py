@@ -1,65 +1,50 @@
-"""Loopback exporters emitting every series docs/metrics.md documents, for checking the
-dashboards and rules against a real Prometheus.
+"""The real emitters behind the dashboards, for checking panel queries and rules against
+a real Prometheus: each series comes from the code that exports it in production.
 
-The series are read from the tables of docs/metrics.md (name, type, labels, emitter), so
-the exporters emit exactly the documented names and labels: a dashboard query that uses an
-undocumented name or label returns nothing and its test fails. Counters advance at fixed
-rates, integrated at scrape time (no background thread); label values come from
-LABEL_VALUES, one series per value.
+- vLLM (``vllm:*``): vLLM's ``PrometheusStatLogger`` in its own process
+  (``tests/chart/vllm_emitter.py``), one engine index per pod, fed scheduler and iteration
+  stats as its engine core feeds it;
+- node agent (``anchorage_*`` of docs/metrics.md's first table): a real sidecar per pod
+  (``tests/node_agent/harness.py``: its HTTP server and ``node_agent.metrics``), reading the
+  snapshots the real exporter writes from a real ``hybrid`` policy wrapped in the engine's
+  spatial tiering (``node_agent.tiering.EngineTiering``), driven by a generated multi-agent
+  workload through the simulator's block pool, with the plugin's ``NodeState`` and its
+  eviction counters (``block_pool_stats``). Only the temporal-tiering counters are a
+  stand-in: they come from vLLM's offloading connector, which the CPU build has not;
+- router (``anchorage_router_*``): the real ``RoutingState`` and its ``RouterMetrics``,
+  routing requests to two discovered pods;
+- operator (``anchorage_operator_*``): ``anchorage.operator.metrics`` recording reconcile
+  passes (scale events, tuning runs, errors).
+
+``documented()`` reads docs/metrics.md's tables, so a test can compare what the emitters
+emit with what the docs promise.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import random
 import re
+import subprocess
+import sys
+import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
+from anchorage.warmup import WarmupConfig
 from tests.conftest import REPO
-from tests.support.prometheus import serve_text_format
 
 DOC = REPO / "docs" / "metrics.md"
-
-# Label values the exporters use (several values = several series).
-LABEL_VALUES: dict[str, list[str]] = {
-    "model_name": ["llama-8b"],
-    "policy": ["hybrid"],
-    "mode": ["active"],
-    "reason": ["lru", "low_survival", "far_reuse", "session_done", "warmup_unused", "fallback"],
-    "kind": ["anchor", "session"],
-    "replica": ["llama-8b-0", "llama-8b-1"],
-    "state": ["healthy", "ejected"],
-    "acp_namespace": ["llm"],
-    "acp": ["llama-8b"],
-    "direction": ["up", "down"],
-    "result": ["ok", "error"],
-}
-# Per-metric label values where the generic ones do not fit.
-METRIC_LABEL_VALUES: dict[tuple[str, str], list[str]] = {
-    ("anchorage_next_agent_predictions_total", "outcome"): ["correct", "wrong", "none"],
-    ("anchorage_warmups_total", "outcome"): ["issued", "used", "wasted", "skipped", "failed"],
-    ("anchorage_router_requests_total", "outcome"): ["ok", "error", "timeout"],
-    ("anchorage_router_requests_total", "policy"): ["agent"],
-    ("anchorage_router_rejected_total", "reason"): ["saturated", "too_large"],
-    ("anchorage_router_retries_total", "reason"): ["connect", "5xx"],
-    ("anchorage_operator_tuning_runs_total", "result"): ["adopted", "rejected", "error"],
-    ("anchorage_tiering_reserved_blocks", "agent"): ["planner", "coder"],
-    ("anchorage_tiering_offloads_total", "decision"): ["ok", "low_pressure"],
-    ("anchorage_tiering_reloads_total", "outcome"): ["in_time", "late", "wasted"],
-    ("anchorage_tiering_bytes_total", "direction"): ["d2h", "h2d"],
-}
-# Counter rates (per second, per series) that give the dashboards meaningful ratios; the
-# fleet hit rate is (600 + 300) / (1000 + 1000) = 0.45 with the two model pods below.
-COUNTER_RATES: dict[str, float] = {
-    "vllm:prefix_cache_queries_total": 1000.0,
-    "vllm:prompt_tokens_total": 1000.0,
-    "anchorage_router_prompt_tokens_total": 500.0,
-    "anchorage_router_observed_cached_tokens_total": 200.0,
-    "anchorage_router_predicted_cached_tokens_total": 250.0,
-}
-HIST_BUCKETS = (0.001, 0.01, 0.1, 1.0)
-HIST_FRACTIONS = (0.1, 0.5, 0.9, 1.0)
-HIST_RATE = 10.0
+NAMESPACE = "llm"
+# What the chart's PodMonitor asks for (its scrapeProtocols: PrometheusText0.0.4)
+CLASSIC_TEXT = "text/plain;version=0.0.4"
+# What Prometheus 2.x asks for by default
+PROMETHEUS_2_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;"
+                       "version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+MODEL = "llama-8b"
+PODS = {"llama-8b-0": 0.6, "llama-8b-1": 0.3}   # pod -> its engine's prefix-cache hit rate
 
 
 @dataclass(frozen=True)
@@ -91,85 +76,277 @@ def documented(doc: Path = DOC) -> list[Series]:
     return out
 
 
-def _label_sets(s: Series) -> list[dict[str, str]]:
-    sets: list[dict[str, str]] = [{}]
-    for label in s.labels:
-        values = METRIC_LABEL_VALUES.get((s.name, label)) or LABEL_VALUES.get(label)
-        assert values, f"tests/chart/exporters.py: no test values for label {label!r} of {s.name}"
-        sets = [{**ls, label: v} for ls in sets for v in values]
-    return sets
+def documented_reasons(doc: Path = DOC) -> set[str]:
+    """The eviction ``reason`` values docs/metrics.md lists for anchorage_evictions_total."""
+    row = next(ln for ln in doc.read_text().splitlines()
+               if ln.startswith("| `anchorage_evictions_total`"))
+    meaning = row.split("|")[4]
+    return set(re.findall(r"`([a-z_]+)` \(", meaning))
 
 
-class DocumentedExporter:
-    """A prometheus_client collector serving the documented series of some emitters.
+def _serve(registry):
+    from tests.support.prometheus import serve_text_format
 
-    ``pods`` maps pod name -> prefix-cache hit rate: the series are emitted once per pod
-    with `namespace` and `pod` labels (scrape with honor_labels), so all pods' samples
-    share scrape timestamps and rates over them are exactly comparable."""
+    return serve_text_format(registry)
 
-    def __init__(self, emitters: set[str], *, pods: dict[str, float] | None = None,
-                 namespace: str = "llm"):
-        from prometheus_client import CollectorRegistry
 
-        self.series = [s for s in documented() if s.emitter in emitters]
-        self.pods = pods or {}
-        self.namespace = namespace
-        self.t0 = time.monotonic() - 60.0   # counters start as if 60 s had passed
-        self.registry = CollectorRegistry()
-        self.registry.register(self)
-        self._server = serve_text_format(self.registry)
-        self.port = self._server.server_address[1]
+class _Loop:
+    """A daemon thread calling ``step()`` every ``every_s`` until ``stop()``."""
 
-    def _counter_rate(self, s: Series, i: int, hit_rate: float) -> float:
-        if s.name == "vllm:prefix_cache_hits_total":
-            return COUNTER_RATES["vllm:prefix_cache_queries_total"] * hit_rate
-        return COUNTER_RATES.get(s.name, 1.0 + i)
+    def __init__(self, step, every_s: float):
+        self._stop = threading.Event()
+        self.error: BaseException | None = None
 
-    def _gauge(self, s: Series, i: int, pod_index: int) -> float:
-        if s.name.endswith("_timestamp_seconds"):
-            return time.time()
-        if s.name == "anchorage_router_replica_healthy":
-            return 1.0 if i == 0 else 0.0   # one replica in rotation, one ejected
-        if s.name.endswith("_ratio") or s.name.endswith("_perc"):
-            return 0.25 + 0.5 * (i % 2)
-        if s.name.endswith("_info") or s.name.endswith("_available"):
-            return 1.0
-        return 2.0 + i + pod_index
+        def run():
+            while not self._stop.wait(every_s):
+                try:
+                    step()
+                except BaseException as exc:  # noqa: BLE001 - reported by stop()
+                    self.error = exc
+                    return
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
 
-    def collect(self):
-        from prometheus_client.core import (
-            CounterMetricFamily,
-            GaugeMetricFamily,
-            HistogramMetricFamily,
-        )
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        if self.error is not None:
+            raise self.error
 
-        elapsed = time.monotonic() - self.t0
-        pods = list(self.pods.items()) or [(None, 0.5)]
-        for s in self.series:
-            keys = list(s.labels) + (["namespace", "pod"] if self.pods else [])
-            if s.type == "counter":
-                fam = CounterMetricFamily(s.name.removesuffix("_total"), s.name, labels=keys)
-            elif s.type == "gauge":
-                fam = GaugeMetricFamily(s.name, s.name, labels=keys)
-            elif s.type == "histogram":
-                fam = HistogramMetricFamily(s.name, s.name, labels=keys)
-            else:
-                raise AssertionError(f"docs/metrics.md: unknown type {s.type!r} of {s.name}")
-            for p, (pod, hit_rate) in enumerate(pods):
-                extra = [self.namespace, pod] if self.pods else []
-                for i, ls in enumerate(_label_sets(s)):
-                    values = [ls[k] for k in s.labels] + extra
-                    if s.type == "counter":
-                        fam.add_metric(values, self._counter_rate(s, i, hit_rate) * elapsed)
-                    elif s.type == "gauge":
-                        fam.add_metric(values, self._gauge(s, i, p))
-                    else:
-                        n = HIST_RATE * elapsed
-                        buckets = [(str(b), f * n) for b, f in zip(HIST_BUCKETS, HIST_FRACTIONS)]
-                        buckets.append(("+Inf", n))
-                        fam.add_metric(values, buckets, sum_value=0.05 * n)
-            yield fam
+
+# -- vLLM -----------------------------------------------------------------------------------
+
+class VLLMEngines:
+    """vLLM's exporter in a subprocess, one engine index per pod (``engine="<i>"``)."""
+
+    def __init__(self, workdir: Path, rates: list[float], timeout_s: float = 240.0):
+        self.log = workdir / "vllm-emitter.log"
+        port_file = workdir / "vllm-emitter.port"
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.chart.vllm_emitter", str(port_file), MODEL,
+                 *map(str, rates)], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout_s   # ~30 s here: building vLLM's config
+        while not port_file.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError("vLLM's exporter did not start:\n"
+                                   + self.log.read_text(errors="replace")[-3000:])
+            time.sleep(0.2)
+        self.port = int(port_file.read_text())
 
     def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+# -- node agent -------------------------------------------------------------------------------
+
+class _PluginTiering:
+    """The engine's tiering wrapper as the plugin builds it: spatial reservations from the
+    real ``EngineTiering``; the temporal counters (offload gate decisions, reloads, bytes
+    moved) in the snapshot format ``node_agent.temporal`` writes, advanced per request
+    (the stand-in: vLLM's CPU build has no offloading connector to produce them)."""
+
+    def __new__(cls, inner, interval: int = 4):
+        from anchorage.node_agent.tiering import EngineTiering
+
+        class PluginTiering(EngineTiering):
+            offloads = {"ok": 0, "low_pressure": 0}
+            reloads = {"in_time": 0, "late": 0, "wasted": 0}
+            moved = {"d2h": 0, "h2d": 0}
+
+            def on_request(self, ctx):
+                super().on_request(ctx)
+                if ctx.tool_name:
+                    self.offloads["ok" if ctx.tool_name == "test" else "low_pressure"] += 1
+                    self.reloads["in_time"] += 1
+                    self.reloads["late"] += hash(ctx.request_id) % 4 == 0
+                    self.moved["d2h"] += 4096
+                    self.moved["h2d"] += 2048
+
+            def tiering_view(self):
+                return {**super().tiering_view(), "mode": "spatial,temporal",
+                        "offloads": dict(self.offloads), "reloads": dict(self.reloads),
+                        "bytes": dict(self.moved)}
+
+        return PluginTiering(inner, interval=interval)
+
+
+class NodeAgentPod:
+    """A real sidecar exporting what a real policy in a (simulated) engine reports."""
+
+    def __init__(self, workdir: Path, seed: int):
+        from anchorage.node_agent import vllm_block_pool
+        from anchorage.node_agent.state import NodeState, block_pool_stats
+        from anchorage.policies.registry import make_policy
+        from anchorage.pool.block_pool import BlockPool
+        from tests.node_agent.harness import NodeAgent
+        from tests.policies.agent_workload import pipeline_workload
+
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.policy = _PluginTiering(make_policy("hybrid", block_size=16))
+        self.state = NodeState(block_size=16)
+        self.work = pipeline_workload(seed=seed, agents=4, sessions=60, steps=8,
+                                      horizon_s=120.0)
+        self.pool = BlockPool(128, 16, self.policy)
+        self.live: deque = deque()   # requests running in the engine (their blocks held)
+        self.agent = NodeAgent(workdir, None, model=MODEL, source=self.policy,
+                               node_state=self.state, stats=block_pool_stats("hybrid"),
+                               warmup=WarmupConfig(rate_per_s=20, burst=2, cooldown_s=1.0,
+                                                   max_per_tick=4))
+        self.agent.engine.on_completion = self._prefill
+        self.agent.start()
+        self._warmups = 0
+        self._timers: list[threading.Timer] = []
+        self._lock, self._closing = threading.Lock(), False
+        self._i = 0
+        self._evicted = 0
+        self._stats = vllm_block_pool.STATS
+        self._loop = _Loop(self.step, 0.01)
+
+    @property
+    def port(self) -> int:
+        return self.agent.sidecar.port
+
+    def step(self) -> None:
+        """One request of the workload through the pool, as the engine's plugin sees it."""
+        base = self.work[self._i % len(self.work)]
+        lap = self._i // len(self.work)
+        self._i += 1
+        # the workload again and again, later each lap; the client names its agents
+        ctx = dataclasses.replace(base, request_id=(lap, base.request_id),
+                                  now_s=base.now_s + lap * 150.0, seq=-1,
+                                  agent_hint=base.agent_truth)
+        t0 = time.perf_counter()
+        blocks = self.pool.allocate(ctx)
+        self.state.record_decision(time.perf_counter() - t0)
+        tokens = [int(k) % 1000 for k in ctx.keys for _ in range(16)][: ctx.input_length]
+        self.state.observe(self.policy, ctx, tokens, now_s=time.time())
+        if blocks is not None:
+            self.live.append(blocks)
+        while len(self.live) > 12:   # twelve requests in flight, the oldest finishes
+            self.pool.free(self.live.popleft())
+        evicted = self.pool.stats.evictions
+        self._stats.victims += evicted - self._evicted   # what the block-pool driver counts
+        self._evicted = evicted
+        if self._i % 50 == 0:
+            self._stats.stock_victims += 1
+            self._stats.errors += self._i % 500 == 0
+
+    def _prefill(self, body: dict) -> None:
+        """The engine caches what a warm-up prefills and says so in KV events, and evicts
+        it again: every other one at once (before its agent comes back: wasted), the rest
+        after a while (used first); then the agent can be warmed again."""
+        from tests.node_agent.fake_engine import removed, stored
+
+        self._warmups += 1
+        toks = body["prompt"]
+        hashes = [bytes([self._warmups % 256, self._warmups // 256 % 256, b])
+                  for b in range(len(toks) // 16)]
+        self.agent.engine.publish([stored(hashes, None, toks, 16)])
+        later = 0.002 if self._warmups % 2 else 1.5
+        with self._lock:
+            if self._closing:
+                return
+            t = threading.Timer(later, self.agent.engine.publish, args=([removed(hashes)],))
+            t.daemon = True
+            self._timers = [x for x in self._timers if x.is_alive()] + [t]
+            t.start()
+
+    def close(self) -> None:
+        self._loop.stop()
+        self.agent.engine.on_completion = None
+        with self._lock:
+            self._closing = True
+        for t in self._timers:   # no eviction published into a closed engine
+            t.cancel()
+            t.join(5)
+        self.agent.stop()
+
+
+# -- router -----------------------------------------------------------------------------------
+
+class RouterEmitter:
+    """The real routing state (agent routing over two discovered pods) and its metrics."""
+
+    def __init__(self):
+        from anchorage.policies.base import RequestContext
+        from anchorage.router.config import RouterConfig
+        from anchorage.router.state import RoutingState
+
+        self.ctx = RequestContext
+        self.state = RoutingState(RouterConfig(replicas=[], discovery="kubernetes",
+                                               policy="agent", max_body_bytes=1 << 20))
+        urls = {f"http://10.0.0.{i + 1}:8000": pod for i, pod in enumerate(PODS)}
+        self.state.set_replicas(list(urls), urls)
+        self.rng = random.Random(0)
+        self._n = 0
+        self.server = _serve(self.state.metrics.registry)
+        self.port = self.server.server_address[1]
+        self._loop = _Loop(self.step, 0.02)
+
+    def step(self) -> None:
+        self._n += 1
+        n, rng = self._n, self.rng
+        ctx = self.ctx(request_id=n, keys=[n % 7, n % 5, n], input_length=48,
+                       session_id=f"s{n % 9}", agent_hint=f"agent-{n % 3}")
+        d = self.state.pick(ctx)
+        if d["status"] != "ok":
+            self.state.rejected("saturated")
+            return
+        outcome = "retried" if n % 11 == 0 else "ok"
+        usage = {"prompt_tokens": 48, "prompt_tokens_details": {
+            "cached_tokens": rng.choice((0, 16, 32))}}
+        self.state.finish(ctx, d["replica"], outcome, usage if outcome == "ok" else None,
+                          d["predicted_tokens"])
+        if n % 13 == 0:
+            self.state.rejected("too_large")
+        if n % 97 == 0:                      # one replica ejected, then readmitted
+            up = self.state.upstreams[1]
+            for _ in range(self.state.cfg.eject_after_failures):
+                self.state._failure(up)
+            self.state._success(up)
+
+    def close(self) -> None:
+        self._loop.stop()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+# -- operator ---------------------------------------------------------------------------------
+
+class OperatorEmitter:
+    """``anchorage.operator.metrics`` recording one AgentCachePolicy's reconcile passes."""
+
+    def __init__(self):
+        from anchorage.operator import metrics as op
+
+        self.op = op
+        self._n = 0
+        self.server = _serve(op.REGISTRY)
+        self.port = self.server.server_address[1]
+        self._loop = _Loop(self.step, 0.05)
+
+    def step(self) -> None:
+        self._n += 1
+        n = self._n
+        spec = {"autoscaling": {"targetHitRate": 0.5}}
+        status = {"desiredReplicas": 2 + n % 2, "hitRate": 0.45}
+        facts = {"observed_replicas": 2, "metrics_ok": True}
+        if n % 10 == 0:
+            facts["scaled"] = "up" if n % 20 == 0 else "down"
+        if n % 15 == 0:
+            facts["tuning"] = ("adopted", "rejected", "error")[n % 3]
+        self.op.record(NAMESPACE, MODEL, spec, status, facts)
+        if n % 25 == 0:
+            self.op.record_error(NAMESPACE, MODEL)
+
+    def close(self) -> None:
+        self._loop.stop()
+        self.server.shutdown()
+        self.server.server_close()

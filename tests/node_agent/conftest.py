@@ -41,7 +41,9 @@ def generate_recording_admission(llm, prompts: list[list[int]], params):
     ``scheduled_new_reqs``). Returns (outputs, indexes into ``prompts`` in admission order)."""
     from vllm.inputs import TokensPrompt
 
-    sched = llm.llm_engine.engine_core.engine_core.scheduler
+    from anchorage.node_agent.vllm_compat import engine_scheduler
+
+    sched = engine_scheduler(llm)
     index = {tuple(p): k for k, p in enumerate(prompts)}
     admitted: list[int] = []
     orig = sched.schedule

@@ -23,11 +23,15 @@ from tests.pool.workload import agent_workload, token_blocks
 
 @pytest.fixture(scope="module")
 def patch(vllm_kv):
-    from anchorage.node_agent import vllm_block_pool
+    from types import SimpleNamespace
 
-    assert vllm_block_pool.unsupported_reason() is None
-    vllm_block_pool.install(None)  # classes patched; pools get a driver only when attached
-    return vllm_block_pool
+    from anchorage.node_agent import vllm_block_pool, vllm_hooks
+
+    assert vllm_hooks.unsupported_reason() is None
+    vllm_hooks.install(None)  # classes patched; pools get a driver only when attached
+    return SimpleNamespace(attach=vllm_block_pool.attach, driver=vllm_block_pool.driver,
+                           stats=lambda: vllm_block_pool.STATS, install=vllm_hooks.install,
+                           unsupported_reason=vllm_hooks.unsupported_reason)
 
 
 class MRUPolicy(LRUPolicy):
@@ -135,11 +139,11 @@ def test_lru_through_the_patch_is_stock_vllm(vllm_kv, patch, seed, block_size, c
     stock = VllmSide(vllm_kv, capacity, block_size)
     driven = VllmSide(vllm_kv, capacity, block_size)
     driver = patch.attach(driven.pool, LRUPolicy())
-    before = patch.STATS.victims
+    before = patch.stats().victims
     hits = drive(vllm_kv, [stock, driven], 100 + seed, block_size, capacity, check=same_state)
     assert hits[0] == hits[1]
     assert driver.errors == 0
-    assert patch.STATS.victims > before, "the policy chose no victim: the patch did nothing"
+    assert patch.stats().victims > before, "the policy chose no victim: the patch did nothing"
 
 
 def test_another_order_changes_victims_not_correctness(vllm_kv, patch):
@@ -163,11 +167,11 @@ def test_policy_errors_fall_back_to_stock(vllm_kv, patch, policy_cls, caplog):
     stock = VllmSide(vllm_kv, 20, 4)
     driven = VllmSide(vllm_kv, 20, 4)
     driver = patch.attach(driven.pool, policy_cls())
-    before = patch.STATS.errors
+    before = patch.stats().errors
     with caplog.at_level(logging.WARNING, logger="anchorage.node_agent"):
         hits = drive(vllm_kv, [stock, driven], 11, 4, 20, check=same_state)
     assert hits[0] == hits[1]  # every decision was stock: identical to stock vLLM
-    assert driver.errors > 0 and patch.STATS.errors - before == driver.errors
+    assert driver.errors > 0 and patch.stats().errors - before == driver.errors
     warnings = [r for r in caplog.records if "stock vLLM behaviour" in r.getMessage()]
     assert len(warnings) == 1  # one warning, the rest counted
 
@@ -243,12 +247,12 @@ def test_register_attaches_new_pools(monkeypatch, vllm_kv, patch):
     try:
         assert plugin.register() is True
         side = VllmSide(vllm_kv, 10, 4)
-        d = patch._driver(side.pool)
+        d = patch.driver(side.pool)
         assert d is not None and d.policy.name == "lru"
         assert d.view.capacity_blocks == 10 and d.view.block_size == 4
     finally:
         patch.install(None)
-    assert patch._driver(VllmSide(vllm_kv, 10, 4).pool) is None
+    assert patch.driver(VllmSide(vllm_kv, 10, 4).pool) is None
 
 
 def test_unsupported_version_stays_stock(monkeypatch, patch):

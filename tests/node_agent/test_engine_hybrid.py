@@ -13,7 +13,7 @@ import itertools
 from contextlib import contextmanager
 
 import pytest
-from anchorage.node_agent import engine_replay, request_context, vllm_block_pool
+from anchorage.node_agent import engine_replay, request_context, vllm_block_pool, vllm_hooks
 
 from anchorage.policies.registry import make_policy
 from anchorage.trace.format import TraceRecord
@@ -26,7 +26,7 @@ def policy(engine, name: str | None):
     """The pool driven by ``name`` (None: stock vLLM, no driver), from an empty cache;
     the fixture's ``lru`` driver comes back afterwards."""
     pool = engine.pool
-    saved = vllm_block_pool._driver(pool)
+    saved = vllm_block_pool.driver(pool)
     assert engine.llm.reset_prefix_cache()
     vllm_block_pool.detach(pool)
     pol = make_policy(name, block_size=BS) if name else None
@@ -140,15 +140,16 @@ def test_stock_evicts_the_waiting_session(engine):
 
 
 def learned(pol) -> tuple:
-    agents = tuple(sorted((a.n, a.ia, a.last_s) for a in pol.agents.values()))
-    return (agents, pol.gaps.global_hist.n, pol.trans.state_size_bytes(), pol.step_gap,
-            sum(s.n for s in pol.sessions.values()),
-            tuple(sorted(pol.at_agent.items(), key=repr)))
+    m = pol.model  # the workload model of group eviction (anchorage.policies.group.model)
+    agents = tuple(sorted((a.n, a.ia, a.last_s) for a in m.agents.values()))
+    return (agents, m.gaps.global_hist.n, m.trans.state_size_bytes(), m.step_gap,
+            sum(s.n for s in m.sessions.values()),
+            tuple(sorted(m.at_agent.items(), key=repr)))
 
 
 def test_warmups_are_not_learnt_and_a_warmed_anchor_is_hit(engine):
     from anchorage.node_agent.state import NodeState
-    from anchorage.node_agent.vllm_block_pool import _driver
+    from anchorage.node_agent.vllm_block_pool import driver as _driver
 
     trace = anchor_then_flood()[:12]  # the planner in 4 sessions, none idle for long
     SP, TP = engine.SamplingParams, engine.TokensPrompt
@@ -206,7 +207,7 @@ def test_plugin_unset_is_stock_vllm_on_a_randomized_trace(engine, monkeypatch):
                                          max_in_flight=4).cached_tokens()
 
     patched = BlockPool.get_new_blocks
-    vllm_block_pool.uninstall()
+    vllm_hooks.uninstall()
     try:
         monkeypatch.delenv(plugin.ENV_POLICY, raising=False)
         assert plugin.register() is False
@@ -214,7 +215,7 @@ def test_plugin_unset_is_stock_vllm_on_a_randomized_trace(engine, monkeypatch):
         with policy(engine, None):
             stock = run()
     finally:
-        vllm_block_pool.install(None)
+        vllm_hooks.install(None)
     assert BlockPool.get_new_blocks is patched
     with policy(engine, None):  # patched classes, no driver: the plugin present but unset
         unset = run()

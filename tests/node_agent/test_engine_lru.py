@@ -46,7 +46,7 @@ def run(engine, trace) -> list[int]:
 
 def test_lru_policy_in_the_engine_hits_like_stock(engine):
     trace = make_trace(engine.block_size, engine.max_model_len)
-    driver = vllm_block_pool._driver(engine.pool)
+    driver = vllm_block_pool.driver(engine.pool)
     assert driver is not None and driver.policy.name == "lru", "the entry point did not attach"
 
     assert engine.llm.reset_prefix_cache()
@@ -78,7 +78,7 @@ def test_policy_errors_in_the_engine_keep_serving(engine):
             raise RuntimeError("injected policy failure")
 
     trace = make_trace(engine.block_size, engine.max_model_len, n=30, seed=5)
-    driver = vllm_block_pool._driver(engine.pool)
+    driver = vllm_block_pool.driver(engine.pool)
     try:
         vllm_block_pool.detach(engine.pool)
         assert engine.llm.reset_prefix_cache()

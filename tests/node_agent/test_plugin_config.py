@@ -14,7 +14,6 @@ from anchorage.node_agent.config import (
     check_interval_s,
     env_policy,
     parse_policy_config,
-    policy_params,
 )
 
 DOC = """\
@@ -27,46 +26,51 @@ policy:
     rMin: 0.4
     horizon: 600
     prefetch: {enabled: false, ratePerSecond: 2}
-    warmup: {enabled: false, rate_per_s: 1}
   parametersSource: tuner
 routing: {policy: agent, weights: {}}
+...
 """
 
 
 def test_file_names_the_policy_and_its_parameters_in_policy_kwargs():
-    cfg = parse_policy_config(DOC, "hybrid")
+    cfg = parse_policy_config(DOC)
     assert cfg == PolicyConfig("cachewise", {"survival_threshold": 0.3, "r_min": 0.4,
                                              "horizon_s": 600, "prefetch": False,
                                              "prefetch_rate_per_s": 2}, 4, "config")
-
-
-def test_env_names_the_policy_when_the_file_does_not():
-    assert parse_policy_config("generation: 2\npolicy: {parameters: {endFactor: 3}}\n",
-                               "hybrid") == PolicyConfig("hybrid", {"endFactor": 3}, 2, "config")
-    assert parse_policy_config("generation: 7\n", "lru") == PolicyConfig("lru", {}, 7, "config")
-    assert parse_policy_config("", "lru") == PolicyConfig("lru", {}, 0, "config")
-    assert parse_policy_config("policy: {name: ' LRU '}", "hybrid").name == "lru"
-
-
-def test_the_sidecars_warmup_section_is_not_a_policy_parameter():
-    assert policy_params({"warmup": {"enabled": False}, "rMin": 0.2}) == {"r_min": 0.2}
-    assert policy_params(None) == {}
+    assert parse_policy_config("generation: 7\npolicy: {name: ' LRU '}\n...\n") == \
+        PolicyConfig("lru", {}, 7, "config")
 
 
 @pytest.mark.parametrize("text, problem", [
-    ("policy: [1, 2\n", "not valid YAML at line"),
-    ("- a\n- b\n", "must be a mapping, not list"),
-    ("generation: three\n", "generation must be a non-negative integer"),
-    ("generation: -1\n", "generation must be a non-negative integer"),
-    ("policy: hybrid\n", "policy must be a mapping"),
-    ("policy: {name: 3}\n", "policy.name must be a policy name"),
-    ("policy: {name: nosuch}\n", "'nosuch' is not a known policy"),
-    ("policy: {name: belady}\n", "only in the simulator"),
-    ("policy: {name: hybrid, parameters: [1]}\n", "policy.parameters must be a mapping"),
+    # an empty or truncated file is rejected, never read as "defaults"
+    ("", "the document is empty"),
+    ("generation: 7\npolicy: {name: lru}\n", "does not end with the end marker"),
+    (DOC[:DOC.index("routing")], "does not end with the end marker"),
+    ("...\n", "the document is empty"),
+    ("policy: [1, 2\n...\n", "not valid YAML at line"),
+    ("- a\n- b\n...\n", "must be a mapping, not list"),
+    ("generation: three\npolicy: {name: lru}\n...\n", "generation: must be a non-negative integer"),
+    ("generation: -1\npolicy: {name: lru}\n...\n", "generation: must be a non-negative integer"),
+    ("generation: 1\n...\n", "policy: required"),
+    ("generation: 1\npolicy: {parameters: {}}\n...\n", "policy.name: required"),
+    ("generation: 1\npolicy: hybrid\n...\n", "policy: must be a mapping"),
+    ("generation: 1\npolicy: {name: 3}\n...\n", "policy.name: must be a non-empty string"),
+    ("generation: 1\npolicy: {name: nosuch}\n...\n", "'nosuch' is not a known policy"),
+    ("generation: 1\npolicy: {name: belady}\n...\n", "only in the simulator"),
+    ("generation: 1\npolicy: {name: hybrid, parameters: [1]}\n...\n",
+     "policy.parameters: must be a mapping"),
+    # the sidecar's old `warmup` overrides and other pass-through names are not parameters
+    ("generation: 1\npolicy: {name: hybrid, parameters: {warmup: {enabled: false}}}\n...\n",
+     "policy.parameters.warmup: unknown parameter"),
+    ("generation: 1\npolicy: {name: hybrid, parameters: {r_min: 0.5}}\n...\n",
+     "policy.parameters.r_min: unknown parameter"),
+    ("generation: 1\npolicy: {name: hybrid, parameters: {rMin: 7}}\n...\n",
+     "policy.parameters.rMin: must be in [0, 1]"),
+    ("generation: 1\npolicy: {name: hybrid}\nextra: 1\n...\n", "document.extra: unknown field"),
 ])
 def test_bad_files_are_rejected_with_one_line(text, problem):
     with pytest.raises(ConfigError) as e:
-        parse_policy_config(text, "hybrid")
+        parse_policy_config(text)
     assert problem in str(e.value) and "\n" not in str(e.value)
 
 
@@ -104,19 +108,19 @@ def test_watcher_reads_only_when_due_and_changed_and_warns_once_per_bad_version(
         assert w.load() is None  # missing: defaults until it exists
     assert "does not exist" in caplog.text
     assert w.poll(0.0) is None and f.stats == 2
-    f.write("generation: 1\npolicy: {name: lru}\n")
+    f.write("generation: 1\npolicy: {name: lru}\n...\n")
     assert w.poll(1.0) is None and f.stats == 2  # not due: no stat at all
     assert w.poll(5.0) == PolicyConfig("lru", {}, 1, "config")
     assert w.poll(10.0) is None  # unchanged
     caplog.clear()
-    f.write("generation: 2\npolicy: {name: lru\n")
+    f.write("generation: 2\npolicy: {name: lru\n...\n")
     with caplog.at_level(logging.WARNING, logger="anchorage.node_agent"):
         assert w.poll(15.0) is None
         assert w.poll(20.0) is None and w.poll(25.0) is None
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1 and "not valid YAML" in warnings[0]
     assert "previous config stays in force" in warnings[0] and w.rejected == 1
-    f.write("generation: 3\npolicy: {name: hybrid}\n")
+    f.write("generation: 3\npolicy: {name: hybrid}\n...\n")
     assert w.poll(30.0) == PolicyConfig("hybrid", {}, 3, "config")
 
 
@@ -127,17 +131,23 @@ def test_startup_precedence_and_rejected_parameters(tmp_path, monkeypatch, caplo
     monkeypatch.delenv("ANCHORAGE_CONFIG", raising=False)
     assert startup_config("hybrid") == (PolicyConfig("hybrid"), None)
     monkeypatch.setenv("ANCHORAGE_CONFIG", str(path))
-    path.write_text("generation: 5\npolicy: {name: cachewise, parameters: {rMin: 0.5}}\n")
+    path.write_text("generation: 5\npolicy: {name: cachewise, parameters: {rMin: 0.5}}\n...\n")
     cfg, w = startup_config("hybrid")
     assert cfg == PolicyConfig("cachewise", {"r_min": 0.5}, 5, "config") and w is not None
-    path.write_text("generation: 6\npolicy: {name: lru, parameters: {survivalThreshold: 1}}\n")
+    path.write_text("generation: 6\npolicy: {name: lru, parameters: {survivalThreshold: 1}}\n"
+                    "...\n")
     with caplog.at_level(logging.WARNING, logger="anchorage.node_agent"):
         cfg, w = startup_config("hybrid")
     assert cfg == PolicyConfig("hybrid")  # lru takes no parameters: env policy, defaults
     assert "rejects its parameters" in caplog.text and "survival_threshold" in caplog.text
-    path.write_text("generation: 6\npolicy: {name: hybrid, parameters: {rMin: 7}}\n")
+    path.write_text("generation: 6\npolicy: {name: hybrid, parameters: {rMin: 7}}\n...\n")
     cfg, _ = startup_config("hybrid")
-    assert cfg == PolicyConfig("hybrid")  # a bad value (ValueError) too
+    assert cfg == PolicyConfig("hybrid")  # a bad value too (the document's range)
+    path.write_text("")   # an empty file: rejected, not read as "defaults"
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="anchorage.node_agent"):
+        cfg, _ = startup_config("cachewise")
+    assert cfg == PolicyConfig("cachewise") and "the document is empty" in caplog.text
 
 
 # -- in the real engine ---------------------------------------------------------------------
@@ -161,7 +171,7 @@ def cfg_engine(tmp_path_factory):
 
     d = tmp_path_factory.mktemp("cfg-engine")
     path = d / "anchorage.yaml"
-    write_config(path, "generation: 1\npolicy: {name: lru}\n")
+    write_config(path, "generation: 1\npolicy: {name: lru}\n...\n")
     env = {"ANCHORAGE_POLICY": "hybrid", "ANCHORAGE_CONFIG": str(path),
            "ANCHORAGE_CONFIG_CHECK_S": "0", "ANCHORAGE_STATE_DIR": str(d / "state")}
     eng = tiny_engine(blocks=40, max_model_len=MAX_MODEL_LEN, max_num_seqs=2,
@@ -172,7 +182,7 @@ def cfg_engine(tmp_path_factory):
 
     pool = eng.pool
     yield eng.llm, pool, path, SamplingParams, TokensPrompt
-    drv = vllm_block_pool._driver(pool)
+    drv = vllm_block_pool.driver(pool)
     if drv is not None and drv.exporter is not None:
         drv.exporter.stop()
 
@@ -206,11 +216,11 @@ def serve(llm, SP, TP, n, seed, on_step=None):
 
 
 def test_config_change_is_applied_in_the_engine_while_serving(cfg_engine, caplog):
-    from anchorage.node_agent import vllm_block_pool
+    from anchorage.node_agent import vllm_block_pool, vllm_compat
 
     llm, pool, path, SP, TP = cfg_engine
-    reloader = pool._anchorage_reloader
-    drv = vllm_block_pool._driver(pool)
+    reloader = vllm_compat.reloader(pool)
+    drv = vllm_block_pool.driver(pool)
     # start: the file's policy (lru) wins over ANCHORAGE_POLICY (hybrid), generation 1
     assert drv.policy.name == "lru" and reloader.generation() == 1
     assert drv.exporter.snapshot()["config_generation"] == 1
@@ -222,16 +232,18 @@ def test_config_change_is_applied_in_the_engine_while_serving(cfg_engine, caplog
         if step == 2:
             write_config(path, "generation: 2\npolicy:\n  name: hybrid\n  parameters:\n"
                                "    survivalThreshold: 0.25\n    rMin: 0.3\n"
-                               "    warmup: {enabled: false}\n")
+                               "    prefetch: {enabled: false}\n...\n")
     assert len(serve(llm, SP, TP, 8, seed=2, on_step=change)) == 8
-    new = vllm_block_pool._driver(pool)
+    new = vllm_block_pool.driver(pool)
     assert new is not drv and new.policy.name == "hybrid"
     # swapped mid-flight over a warm cache: in-flight requests and cached blocks handed over
     assert new.migrated["in_flight"] > 0 and new.migrated["free"] > 0, new.migrated
     assert new.policy.survival_threshold == 0.25 and new.policy.r_min == 0.3
     snap = new.exporter.snapshot()
     assert snap["config_generation"] == 2 and snap["policy"] == "hybrid"
-    assert reloader.current.params == {"survival_threshold": 0.25, "r_min": 0.3}
+    assert reloader.current.params == {"survival_threshold": 0.25, "r_min": 0.3,
+                                       "prefetch": False}
+    assert new.policy.prefetch is False
     victims0 = vllm_block_pool.STATS.victims
     assert len(serve(llm, SP, TP, 6, seed=3)) == 6
     assert vllm_block_pool.STATS.victims > victims0, "the new policy chose no victim"
@@ -240,19 +252,19 @@ def test_config_change_is_applied_in_the_engine_while_serving(cfg_engine, caplog
     # a corrupt file, then parameters the policy rejects: warned once each, kept
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="anchorage.node_agent"):
-        write_config(path, "generation: 3\npolicy: {name: hybrid, parameters: {rMin: 0.1\n")
+        write_config(path, "generation: 3\npolicy: {name: hybrid, parameters: {rMin: 0.1\n...\n")
         assert len(serve(llm, SP, TP, 4, seed=4)) == 4
-        write_config(path, "generation: 4\npolicy: {name: hybrid, parameters: {bogus: 1}}\n")
+        write_config(path, "generation: 4\npolicy: {name: lru, parameters: {horizon: 1}}\n...\n")
         assert len(serve(llm, SP, TP, 4, seed=5)) == 4
     msgs = [r.getMessage() for r in caplog.records if "not applied" in r.getMessage()]
     assert len(msgs) == 2, msgs
-    assert "not valid YAML" in msgs[0] and "bogus" in msgs[1]
-    assert vllm_block_pool._driver(pool) is new and reloader.generation() == 2
+    assert "not valid YAML" in msgs[0] and "horizon_s" in msgs[1]
+    assert vllm_block_pool.driver(pool) is new and reloader.generation() == 2
     assert new.exporter.snapshot()["config_generation"] == 2
 
     # the same policy and parameters under a new generation: no rebuild
     write_config(path, "generation: 5\npolicy:\n  name: hybrid\n  parameters: "
-                       "{survivalThreshold: 0.25, rMin: 0.3}\n")
+                       "{survivalThreshold: 0.25, rMin: 0.3, prefetch: {enabled: false}}\n...\n")
     assert len(serve(llm, SP, TP, 2, seed=6)) == 2
-    assert vllm_block_pool._driver(pool) is new and reloader.generation() == 5
+    assert vllm_block_pool.driver(pool) is new and reloader.generation() == 5
     assert new.exporter.snapshot()["config_generation"] == 5

@@ -13,6 +13,7 @@ import random
 
 import pytest
 
+from anchorage.node_agent.vllm_compat import engine_scheduler
 from tests.node_agent.conftest import (
     BLOCK_SIZE,
     MAX_MODEL_LEN,
@@ -64,9 +65,9 @@ def test_prefix_aware_admits_cached_prefixes_first_stock_keeps_fcfs(pa_engine, e
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    sched = pa_engine.llm_engine.engine_core.engine_core.scheduler
+    sched = engine_scheduler(pa_engine)
     assert type(sched).__name__ == "PrefixAwareScheduler" and sched.anchorage_enabled
-    assert type(engine.llm.llm_engine.engine_core.engine_core.scheduler).__name__ == "Scheduler"
+    assert type(engine_scheduler(engine.llm)).__name__ == "Scheduler"
 
     reorders0 = sched.anchorage_reorders
     order, cached = admission_order(pa_engine, SamplingParams, TokensPrompt, BLOCK_SIZE)

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from anchorage.access_log import AccessLogConfig
-from anchorage.policies.base import RequestContext
+from anchorage.policies.base import EvictionPolicy, RequestContext
 from anchorage.warmup import WarmupConfig
 from anchorage.node_agent.sidecar import (Sidecar, SidecarConfig, parse_engine_load,
                                           read_config_file)
@@ -183,23 +183,20 @@ def test_access_log_config_reload_and_graceful_stop(env, monkeypatch):
     eng, tmp = env
     state = NodeState(block_size=BS)
 
-    class NoPolicy:  # observe() needs nothing from the policy for the access log
-        pass
-
     for i in range(6):
         keys = [bytes([i, j]) for j in range(3)]
         ctx = RequestContext(request_id=f"r{i}", keys=keys, input_length=3 * BS + 1,
                              output_length=5, session_id=f"s{i % 2}", tool_name="grep",
                              agent_hint="coder")
-        state.observe(NoPolicy(), ctx, None, now_s=1000.0 + i)
+        state.observe(EvictionPolicy(), ctx, None, now_s=1000.0 + i)  # learns nothing
     ctx = RequestContext(request_id="w", keys=[b"w"], input_length=BS, warmup=True)
-    state.observe(NoPolicy(), ctx, None)  # warm-ups are not workload
+    state.observe(EvictionPolicy(), ctx, None)  # warm-ups are not workload
     in_force = {"generation": 3}   # what the plugin applied (it may refuse a newer file)
     exp = PolicyStateExporter(lambda: {"policy": "lru"}, tmp / "state.json", interval_s=0.05,
                               node_state=state, config_generation=lambda: in_force["generation"])
     cfg = tmp / "anchorage.yaml"
-    cfg.write_text("generation: 3\npolicy: {name: hybrid, parameters: {warmup: {enabled: false},"
-                   " min_samples: 4}}\n")
+    cfg.write_text("generation: 3\npolicy: {name: hybrid, parameters: {prefetch: {enabled: false},"
+                   " horizon: 60}}\n...\n")
 
     async def main():
         sc = make(tmp, eng, config_path=str(cfg))
@@ -223,7 +220,7 @@ def test_access_log_config_reload_and_graceful_stop(env, monkeypatch):
                    for r in recs)
         assert [r.timestamp for r in recs] == [0.0, 1000.0, 2000.0, 3000.0, 4000.0, 5000.0]
         # a changed config is re-read
-        cfg.write_text("generation: 4\npolicy: {name: hybrid, parameters: {r_min: 0.5}}\n")
+        cfg.write_text("generation: 4\npolicy: {name: hybrid, parameters: {rMin: 0.5}}\n...\n")
         await until(lambda: sc.config_generation == 4, "config generation 4")
         assert sc.scheduler.config.enabled is True and sc.scheduler.config.r_min == 0.5
         # the metric reports what the engine runs: 3 until its plugin applies 4
@@ -253,8 +250,13 @@ def test_pure_helpers(tmp_path):
                              'vllm:num_requests_waiting{model_name="m"} 1.0\n'
                              '# HELP vllm:num_requests_running x\n') == (3, 1)
     p = tmp_path / "c.yaml"
-    p.write_text("generation: 2\npolicy: {parameters: {warmup: {rate_per_s: 1, bogus: 2}}}\n")
-    assert read_config_file(str(p)) == (2, {"rate_per_s": 1})
+    p.write_text("generation: 2\npolicy: {name: hybrid, parameters: {horizon: 30, rMin: 0.4, "
+                 "prefetch: {enabled: true, ratePerSecond: 1}}}\n...\n")
+    assert read_config_file(str(p)) == (2, {"r_min": 0.4, "enabled": True, "rate_per_s": 1.0})
+    p.write_text("generation: 2\npolicy: {name: hybrid, parameters: {warmup: {rate_per_s: 1}}}\n"
+                 "...\n")
+    with pytest.raises(ValueError, match="policy.parameters.warmup: unknown parameter"):
+        read_config_file(str(p))
     with pytest.raises(ValueError, match="engine URL"):
         SidecarConfig(engine_url="localhost:8000")
     with pytest.raises(ValueError, match="KV events"):

@@ -68,5 +68,5 @@ def test_port_in_use_is_a_clear_error(tmp_path):
         port = s.getsockname()[1]
         p = subprocess.run(CMD + ["--listen", f"127.0.0.1:{port}", "--state-dir", str(tmp_path)],
                            cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert p.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in p.stderr
+    assert p.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in p.stderr
     assert "Traceback" not in p.stderr

@@ -73,7 +73,7 @@ def test_anchor_registry_holds_the_shared_prefix_of_real_requests(learned):
     anchors = state.anchors.entries
     # the shared anchor (3 blocks) of each agent, named by the policy's fingerprint
     for a in (1, 2, 3):
-        fp = policy.prefix.fingerprint(keys_of(toks(a, 99)))
+        fp = policy.fingerprint_of(keys_of(toks(a, 99)))
         e = anchors[agent_label(fp)]
         assert e.token_ids == toks(a, 0)[: 3 * BS]
         assert e.hint == f"agent{a}"
@@ -130,7 +130,7 @@ def test_predictions_name_the_next_agent_of_active_sessions(learned, tmp_path):
     exp = PolicyStateExporter(policy, tmp_path / "s.json", node_state=state)
     snap = parse_snapshot(exp.snapshot())
     best, p = snap.predictions[0]
-    fp2 = policy.prefix.fingerprint(keys_of(toks(2, 99)))
+    fp2 = policy.fingerprint_of(keys_of(toks(2, 99)))
     assert best == agent_label(fp2) and p > 0.5
 
 

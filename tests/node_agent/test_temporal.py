@@ -17,9 +17,9 @@ from anchorage.node_agent.state import (
     StateError,
     parse_snapshot,
 )
-from anchorage.node_agent.temporal import EngineController, TemporalParams, kv_block_bytes
+from anchorage.node_agent.temporal import EngineController, TemporalParams
 
-from anchorage.policies.base import RequestContext
+from anchorage.policies.base import EvictionPolicy, RequestContext
 from anchorage.tiering.controller import PoolReading
 from anchorage.tiering.host_tier import HostTierConfig
 from anchorage.warmup import ReloadConfig, ReloadScheduler, reload_body
@@ -60,18 +60,6 @@ def test_maybe_wrap_modes(monkeypatch):
     monkeypatch.setenv("ANCHORAGE_TIERING", "temporal,bogus")
     with pytest.raises(ValueError, match="'spatial', 'temporal', 'spatial,temporal'"):
         engine_tiering.maybe_wrap(make_policy("lru", block_size=32))
-
-
-def test_kv_block_bytes_from_the_cache_config():
-    class T:
-        def __init__(self, size):
-            self.size = size
-
-    class C:
-        num_blocks = 10
-        kv_cache_tensors = [T(10 * 4096), T(10 * 4096)]
-
-    assert kv_block_bytes(C()) == 8192
 
 
 # -- the controller over a session's life ---------------------------------------------------
@@ -190,8 +178,8 @@ def test_session_prompts_are_bounded_in_tokens():
 
 def test_snapshot_pending_reloads_carry_the_prompt_and_parse_back(tmp_path):
     st = NodeState(block_size=32)
-    st.observe(object(), ctx("r1"), [7] * 64, None, "salt-1")
-    st.observe(object(), ctx("w", sid="s2", warmup=True), [8] * 64, None, None)  # ignored
+    st.observe(EvictionPolicy(), ctx("r1"), [7] * 64, None, "salt-1")
+    st.observe(EvictionPolicy(), ctx("w", sid="s2", warmup=True), [8] * 64, None, None)  # ignored
     pending = [{"id": "s1#1", "session": "s1", "at_s": 5.0, "blocks": 2, "agent": "coder",
                 "tenant": "t1"},
                {"id": "s2#2", "session": "s2", "at_s": 6.0, "blocks": 2, "agent": None,

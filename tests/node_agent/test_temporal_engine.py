@@ -19,7 +19,7 @@
 from __future__ import annotations
 
 import pytest
-from anchorage.node_agent import request_context, vllm_block_pool
+from anchorage.node_agent import request_context, vllm_block_pool, vllm_compat, vllm_hooks
 from anchorage.node_agent.sidecar import Sidecar, SidecarConfig
 from anchorage.node_agent.state import NodeState, PolicyStateExporter, parse_snapshot
 from anchorage.node_agent.temporal import TemporalParams, TemporalTiering
@@ -63,7 +63,7 @@ class Recording(TemporalTiering):
 def temporal(engine, monkeypatch):
     """The session engine's pool driven by a temporal-tiering policy (LRU inside, watermark
     0: the tiny engine never holds half its blocks at a turn end), a test clock."""
-    old = vllm_block_pool._driver(engine.pool)
+    old = vllm_block_pool.driver(engine.pool)
     vllm_block_pool.detach(engine.pool)
     assert engine.llm.reset_prefix_cache()
     clock = Clock()
@@ -82,7 +82,7 @@ def temporal(engine, monkeypatch):
         request_context.set_clock(prev)
         vllm_block_pool.detach(engine.pool)
         assert engine.llm.reset_prefix_cache()
-        engine.pool._anchorage_driver = old
+        vllm_compat.set_driver(engine.pool, old)
 
 
 def run(engine, rid: str, toks: list[int], session: str, tool: str | None = None,
@@ -139,13 +139,13 @@ def stall_then_flood(engine, policy, drv, clock, tool: str):
     cached_free = len(list(policy.eviction_order()))
     # the controller's reading of the cached free blocks, counted from the notifications
     assert policy.cached_free_blocks() == cached_free == len(
-        vllm_block_pool.cached_free_block_ids(engine.pool))
+        vllm_compat.cached_free_block_ids(engine.pool))
     uncached_free = drv.view.num_free_blocks - cached_free
     k = uncached_free + 4  # the flood takes every uncached block and evicts 4 cached ones
     assert k * BS <= engine.max_model_len
     clock.t += 1.0
     run(engine, "f-1", tokens(3, k * BS - 1), "f")
-    assert policy.cached_free_blocks() == len(vllm_block_pool.cached_free_block_ids(engine.pool))
+    assert policy.cached_free_blocks() == len(vllm_compat.cached_free_block_ids(engine.pool))
     return u_keys, s_keys, s_toks, end_s, before
 
 
@@ -237,14 +237,16 @@ def test_a_controller_error_is_counted_and_that_decision_stays_stock(temporal):
 
 
 def test_the_plugins_policy_factory_builds_the_temporal_wrapper(engine, monkeypatch):
-    monkeypatch.setitem(vllm_block_pool._config, "policy", "lru")
-    monkeypatch.setitem(vllm_block_pool._config, "params", None)
     monkeypatch.setenv("ANCHORAGE_TIERING", "spatial,temporal")
     monkeypatch.delenv("ANCHORAGE_HOST_BYTES", raising=False)
-    with pytest.raises(ValueError, match="needs ANCHORAGE_HOST_BYTES"):
-        vllm_block_pool._make_configured_policy(engine.pool)  # _init: one warning, stock
-    monkeypatch.setenv("ANCHORAGE_HOST_BYTES", str(8 << 30))
-    p = vllm_block_pool._make_configured_policy(engine.pool)
+    prev = vllm_hooks.configure(vllm_hooks.EngineConfig("lru"))
+    try:
+        with pytest.raises(ValueError, match="needs ANCHORAGE_HOST_BYTES"):
+            vllm_hooks.make_configured_policy(engine.pool)  # _init: one warning, stock
+        monkeypatch.setenv("ANCHORAGE_HOST_BYTES", str(8 << 30))
+        p = vllm_hooks.make_configured_policy(engine.pool)
+    finally:
+        vllm_hooks.configure(prev)
     assert isinstance(p, TemporalTiering) and p.spatial
     assert p.temporal.params.host.capacity_bytes == 8 << 30
 
@@ -276,7 +278,7 @@ def test_a_short_stall_is_held_until_expiry_and_never_blocks_an_allocation(tempo
     run(engine, "f-1", tokens(3, k * BS - 1), "f")
     assert cached_blocks(drv, u_keys) == 0
     assert policy.held_evictions - held0 == 2
-    assert policy.cached_free_blocks() == len(vllm_block_pool.cached_free_block_ids(engine.pool))
+    assert policy.cached_free_blocks() == len(vllm_compat.cached_free_block_ids(engine.pool))
     assert cached_blocks(drv, s_keys) == PROMPT_BLOCKS - 2
     # expiry: the next request's first admission attempt releases the hold (LRU again)
     clock.t = st.hold_until + 0.01

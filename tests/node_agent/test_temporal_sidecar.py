@@ -10,7 +10,7 @@ import time
 import httpx
 from anchorage.node_agent.state import NodeState, PolicyStateExporter
 
-from anchorage.policies.base import RequestContext
+from anchorage.policies.base import EvictionPolicy, RequestContext
 from tests.node_agent.test_sidecar import env, make, metric, until  # noqa: F401 (fixture)
 
 TOKS = list(range(5, 45))
@@ -21,7 +21,7 @@ def test_the_sidecar_sends_a_due_reload_once_with_the_sessions_prompt(env):  # n
     st = NodeState(block_size=4)
     ctx = RequestContext(request_id="r1", keys=(), input_length=len(TOKS), session_id="s1",
                          tool_name="pytest", tenant="t1")
-    st.observe(object(), ctx, TOKS, None, "salt-1")  # the plugin saw the session's turn
+    st.observe(EvictionPolicy(), ctx, TOKS, None, "salt-1")  # the plugin saw the session's turn
     at = time.time() + 0.6
     view = {"policy": "lru", "predictability": 0.0, "predictions": [], "block_size": 4,
             "tiering": {"mode": "temporal", "reserved_blocks": {},

@@ -54,12 +54,12 @@ def admitted_agents(llm, seed: int) -> list[str]:
 
 
 def test_a_critical_agents_queued_requests_are_admitted_first(crit_engine):
-    from anchorage.node_agent import vllm_block_pool
+    from anchorage.node_agent import vllm_block_pool, vllm_compat
     from anchorage.node_agent.tiering import EngineTiering
 
-    sched = crit_engine.llm_engine.engine_core.engine_core.scheduler
+    sched = vllm_compat.engine_scheduler(crit_engine)
     assert type(sched).__name__ == "PrefixAwareScheduler" and sched.anchorage_enabled
-    pol = vllm_block_pool._driver(sched.kv_cache_manager.block_pool).policy
+    pol = vllm_block_pool.driver(vllm_compat.scheduler_pool(sched)).policy
     assert isinstance(pol, EngineTiering)
     pol.interval = 10**9  # criticality as set here, not re-learned mid-test
 
@@ -78,12 +78,14 @@ def test_a_critical_agents_queued_requests_are_admitted_first(crit_engine):
 def test_admission_arrival_hook_is_off_without_tiering_and_reads_the_pools_policy(monkeypatch):
     from types import SimpleNamespace
 
+    from anchorage.node_agent import vllm_compat
     from anchorage.node_agent.tiering import EngineTiering, admission_arrival
 
     from anchorage.policies.registry import make_policy
 
     pol = EngineTiering(make_policy("lru", block_size=4))
-    pool = SimpleNamespace(_anchorage_driver=SimpleNamespace(policy=pol))
+    pool = SimpleNamespace()
+    vllm_compat.set_driver(pool, SimpleNamespace(policy=pol))
     monkeypatch.delenv("ANCHORAGE_TIERING", raising=False)
     assert admission_arrival(pool) is None
     monkeypatch.setenv("ANCHORAGE_TIERING", "spatial")
@@ -98,5 +100,5 @@ def test_admission_arrival_hook_is_off_without_tiering_and_reads_the_pools_polic
     pol.criticality = {"planner": 1.0, "worker": 0.25}
     assert arrival(req("planner")) == 99.0 and arrival(req("worker")) == 99.75
     assert arrival(req("other")) == arrival(req(None)) == 100.0
-    pool._anchorage_driver = None  # no policy attached (vLLM stock): plain arrival
+    vllm_compat.set_driver(pool, None)  # no policy attached (vLLM stock): plain arrival
     assert arrival(req("planner")) == 100.0

@@ -6,7 +6,7 @@ travel from the engine's policy through the plugin's snapshot to the sidecar's /
 from __future__ import annotations
 
 import pytest
-from anchorage.node_agent import vllm_block_pool
+from anchorage.node_agent import vllm_block_pool, vllm_compat
 from anchorage.node_agent.config import ConfigWatcher, PolicyConfig
 from anchorage.node_agent.reload import PolicyReloader
 from anchorage.node_agent.sidecar import Sidecar, SidecarConfig
@@ -35,13 +35,13 @@ def generate(engine, batch):
 @pytest.fixture
 def own_pool(engine):
     """The session engine's pool with this test's driver; the session's driver after."""
-    old = vllm_block_pool._driver(engine.pool)
+    old = vllm_block_pool.driver(engine.pool)
     vllm_block_pool.detach(engine.pool)
     assert engine.llm.reset_prefix_cache()
     yield engine
     vllm_block_pool.detach(engine.pool)
     assert engine.llm.reset_prefix_cache()
-    engine.pool._anchorage_driver = old
+    vllm_compat.set_driver(engine.pool, old)
 
 
 def test_a_config_reload_keeps_spatial_tiering(own_pool, tmp_path, monkeypatch):
@@ -50,15 +50,15 @@ def test_a_config_reload_keeps_spatial_tiering(own_pool, tmp_path, monkeypatch):
     bs = engine.block_size
     start = vllm_block_pool.attach(engine.pool, EngineTiering(make_policy("lru", block_size=bs)))
     path = tmp_path / "anchorage.yaml"
-    path.write_text("generation: 2\npolicy: {name: hybrid, parameters: {rMin: 0.3}}\n")
+    path.write_text("generation: 2\npolicy: {name: hybrid, parameters: {rMin: 0.3}}\n...\n")
     reloader = PolicyReloader(engine.pool, ConfigWatcher(str(path), "lru", check_s=0),
                               PolicyConfig("lru", generation=1, source="config"))
     errors0 = vllm_block_pool.STATS.errors
     assert reloader.maybe_reload() is True
-    new = vllm_block_pool._driver(engine.pool)
+    new = vllm_block_pool.driver(engine.pool)
     assert new is not start
     assert isinstance(new.policy, EngineTiering), type(new.policy)
-    assert new.policy.inner.name == "hybrid" and new.policy.inner.r_min == 0.3
+    assert new.policy.inner.name == "hybrid" and new.policy.inner.prefetch_settings().r_min == 0.3
     assert generate(engine, [(prompt(7, 3 * bs), "planner")]) == [2]
     assert vllm_block_pool.STATS.errors == errors0, "the wrapped policy failed after the swap"
 

@@ -1,5 +1,9 @@
 """The operator end to end: a real kube-apiserver + etcd + controller-manager (1.20) and a
-real Prometheus scraping vLLM-shaped exporters; the operator runs under kopf's KopfRunner.
+real Prometheus scraping vLLM-shaped exporters. The operator runs as the chart deploys it:
+the chart's rendered ServiceAccount, ClusterRole and binding are applied, and
+``anchorage operator`` (the Deployment's arguments) authenticates with a real token of that
+ServiceAccount, never as admin; the API server enforces owner-reference permissions. A
+request the RBAC refuses fails the test (the operator's log is checked for 403s).
 
 Waits poll the API with generous deadlines (no timing assertions): the operator's timer
 runs every second here, with a 4 s metrics window and 0-3 s stabilization/cooldown.
@@ -13,12 +17,14 @@ import time
 import pytest
 import yaml
 
-from tests.operator.k8s_helpers import G, P, V, poll
+from tests.operator.k8s_helpers import (G, P, V, OperatorProcess, apply_objects,
+                                        chart_operator_objects, poll)
 from tests.operator.k8s_helpers import deployment as _deployment
 
 os.environ["ANCHORAGE_OPERATOR_INTERVAL_S"] = "1"
 
 NS = "anchorage-test"
+OPERATOR_NS = "anchorage-system"
 
 
 @pytest.fixture(scope="module")
@@ -91,14 +97,25 @@ def test_schema_rejects_invalid_and_applies_defaults(kube):
 
 
 @pytest.fixture(scope="module")
-def operator(kube, prometheus):
-    from kopf.testing import KopfRunner
+def operator(kube, cluster, prometheus, tmp_path_factory):
+    """The operator under the chart's own RBAC (its ServiceAccount's token)."""
+    from kubernetes import client
 
-    with KopfRunner(["run", "-m", "anchorage.operator.handlers", "--all-namespaces",
-                     "--peering", "anchorage", "--priority", "1000", "--verbose"],
-                    timeout=60) as runner:
-        yield runner
-    assert runner.exception is None, runner.output[-3000:]
+    client.CoreV1Api(kube).create_namespace({"metadata": {"name": OPERATOR_NS}})
+    objs = chart_operator_objects(OPERATOR_NS)
+    applied = apply_objects(kube, objs)
+    assert {o["kind"] for o in applied} == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
+    (sa,) = [o["metadata"]["name"] for o in applied if o["kind"] == "ServiceAccount"]
+    (dep,) = [o for o in objs if o["kind"] == "Deployment"]
+    assert dep["spec"]["template"]["spec"]["serviceAccountName"] == sa
+    work = tmp_path_factory.mktemp("operator")
+    kubeconfig = cluster.service_account_kubeconfig(kube, OPERATOR_NS, sa, work / "kubeconfig")
+    op = OperatorProcess(dep, kubeconfig, work)
+    yield op
+    alive = op.alive()
+    op.stop()
+    assert alive, op.output()[-3000:]
+    assert not op.forbidden(), "\n".join(op.forbidden()[:10])
 
 
 def _replicas(api, name):
@@ -181,6 +198,20 @@ def test_operator_scales_with_metrics_holds_on_outage_and_garbage_collects(
     poll(cm_gone, "ConfigMap garbage collection", 90)
 
 
+def test_the_operator_identity_is_its_service_account(kube, operator):
+    """The token really is the ServiceAccount's: it may not read Secrets, which an admin
+    could."""
+    from kubernetes import client, config
+    from kubernetes.client.rest import ApiException
+
+    sa_api = config.new_client_from_config(str(operator.kubeconfig))
+    with pytest.raises(ApiException) as e:
+        client.CoreV1Api(sa_api).list_namespaced_secret(NS)
+    assert e.value.status == 403
+    assert f"system:serviceaccount:{OPERATOR_NS}:" in e.value.body
+    client.CoreV1Api(kube).list_namespaced_secret(NS)   # the admin may
+
+
 def test_missing_target_and_invalid_spec_reported(kube, operator, prometheus):
     from kubernetes import client
 
@@ -198,3 +229,75 @@ def test_missing_target_and_invalid_spec_reported(kube, operator, prometheus):
     assert deg["status"] == "True" and "minReplicas (5) is greater than maxReplicas (2)" in deg["message"]
     for n in ("ghost", "crossed"):
         co.delete_namespaced_custom_object(G, V, NS, P, n)
+
+
+def _doc(api, name):
+    from kubernetes import client
+
+    from anchorage.config import parse
+
+    cm = client.CoreV1Api(api).read_namespaced_config_map(f"{name}-anchorage", NS)
+    return parse(cm.data["anchorage.yaml"]), cm
+
+
+def _events(api, name) -> list[str]:
+    from kubernetes import client
+
+    return [ev.reason for ev in client.CoreV1Api(api).list_namespaced_event(
+        NS, field_selector=f"involvedObject.name={name}").items]
+
+
+def test_a_tuning_round_and_two_spec_edits_patch_the_configmap(kube, operator, prometheus,
+                                                               tmp_path):
+    """Under its own RBAC the operator writes the document, tunes it (the digital twin on a
+    recorded access log), and patches it after each of two spec edits."""
+    from kubernetes import client
+
+    from tests.operator.access_log import write_access_log
+
+    log = write_access_log(tmp_path / "access.jsonl")
+    client.AppsV1Api(kube).create_namespaced_deployment(NS, deployment("tuned", 2))
+    co = client.CustomObjectsApi(kube)
+    in_spec = {"survivalThreshold": 0.3, "horizon": 120, "recencyScale": 30, "rMin": 0.6}
+    body = acp("tuned", "tuned", prometheus.url, replicas=2,
+               policy={"name": "hybrid", "parameters": in_spec},
+               autoscaling={"enabled": False},
+               tuning={"enabled": True, "intervalSeconds": 3600, "accessLogs": [str(log)],
+                       "capacityBlocks": 180, "minImprovement": 0.01,
+                       "parameters": [{"name": "survivalThreshold", "min": 0.05, "max": 0.8,
+                                       "steps": 6}]})
+    co.create_namespaced_custom_object(G, V, NS, P, body)
+
+    # the first pass tunes (no run yet) and writes the tuner's parameters
+    doc, cm = poll(lambda: _doc(kube, "tuned"), "the ConfigMap", 90)
+    assert doc.generation == 1 and doc.policy.parameters_source == "tuner", doc
+    assert doc.policy.parameters.survival_threshold < 0.3
+    assert cm.metadata.owner_references[0].block_owner_deletion is True
+    poll(lambda: "Tuned" in _events(kube, "tuned"), "a Tuned event", 60)
+    assert "adopted" in _status(kube, "tuned")["lastTuningReason"]
+
+    # spec edit 1: the spec's parameters take over again (a new metadata.generation)
+    co.patch_namespaced_custom_object(G, V, NS, P, "tuned", {"spec": {"policy": {
+        "parameters": {"rMin": 0.5}}}})
+    doc, _ = poll(lambda: (d := _doc(kube, "tuned"))[0].generation == 2 and d, "generation 2", 60)
+    assert doc.policy.parameters_source == "spec"
+    assert doc.policy.parameters.r_min == 0.5 and doc.policy.parameters.survival_threshold == 0.3
+
+    # spec edit 2: composite routing with scorer weights
+    co.patch_namespaced_custom_object(G, V, NS, P, "tuned", {"spec": {"routing": {
+        "policy": "composite", "weights": {"prefix": 2, "queue": 1}}}})
+    try:
+        doc, _ = poll(lambda: (d := _doc(kube, "tuned"))[0].generation == 3 and d,
+                      "generation 3", 120)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\nstatus: {_status(kube, 'tuned')}\noperator log:\n"
+                             + operator.output()[-4000:]) from None
+    assert doc.routing.router_kwargs() == {"scorers": {"prefix": 2.0, "queue": 1.0}}
+    st = poll(lambda: (s := _status(kube, "tuned")).get("configGeneration") == 3 and s,
+              "status.configGeneration 3", 60)
+    assert st["observedGeneration"] == 3 and _cond(st, "Ready")["status"] == "True"
+    assert _events(kube, "tuned").count("ConfigWritten") >= 3
+    assert not operator.forbidden(), operator.forbidden()[:5]
+    co.delete_namespaced_custom_object(G, V, NS, P, "tuned")
+    poll(lambda: not [a for a in co.list_namespaced_custom_object(G, V, NS, P)["items"]
+                      if a["metadata"]["name"] == "tuned"], "the policy deleted", 60)

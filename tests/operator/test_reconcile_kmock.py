@@ -212,3 +212,50 @@ async def test_tuning_with_unreadable_log_reports_failure(kmock, tmp_path):
     assert out.status["lastTuningReason"].startswith("tuning failed: ")
     assert "bad.jsonl:1" in out.status["lastTuningReason"]
     assert out.status["parametersSource"] == "spec" and out.facts["tuning"] == "error"
+
+
+@pytest.mark.parametrize("over, needle", [
+    ({"routing": {"policy": "composite", "weights": {"load": 1, "prefix": 2}}},
+     "spec.routing.weights.load: not a scorer"),
+    ({"routing": {"policy": "agent", "weights": {"session": 1}}},
+     "scorer weights apply to the composite router only"),
+    ({"routing": {"policy": "agent", "parameters": {"spred": 2}}},
+     "bad parameters for router 'agent'"),
+    ({"policy": {"name": "lru", "parameters": {"horizon": 30}}},
+     "policy 'lru' does not accept parameter 'horizon_s'"),
+    ({"tuning": {"parameters": [{"name": "ttl_s", "min": 0, "max": 1}]}}, "'ttl_s' is not tunable"),
+])
+async def test_document_rules_are_degraded_before_anything_is_written(kmock, over, needle):
+    kmock.objects["apps/v1/deployments", NS, "web"] = deployment(2)
+    out = await run(kmock, spec(**over), {}, StubMetrics(HOT))
+    c = cond(out.status, "Degraded")
+    assert c["status"] == "True" and needle in c["message"], c["message"]
+    assert writes(kmock, "configmaps") == [] and writes(kmock, "deployments") == []
+
+
+async def test_composite_routing_reaches_the_document(kmock):
+    from anchorage.config import parse
+
+    kmock.objects["apps/v1/deployments", NS, "web"] = deployment(2)
+    sp = spec(routing={"policy": "composite", "weights": {"prefix": 2, "queue": 1},
+                       "parameters": {"picker": "weighted_random"}})
+    await run(kmock, sp, {}, StubMetrics(CALM))
+    doc = parse(kmock.objects["v1/configmaps", NS, "llama-anchorage"]["data"][DATA_KEY])
+    assert doc.routing.policy == "composite"
+    assert doc.routing.router_kwargs() == {"picker": "weighted_random",
+                                           "scorers": {"prefix": 2.0, "queue": 1.0}}
+
+
+async def test_a_corrupt_configmap_is_rewritten_at_the_next_generation(kmock):
+    kmock.objects["apps/v1/deployments", NS, "web"] = deployment(2)
+    out = await run(kmock, spec(), {}, StubMetrics(CALM))
+    cm = kmock.objects["v1/configmaps", NS, "llama-anchorage"]
+    text = cm["data"][DATA_KEY]
+    kmock.objects["v1/configmaps", NS, "llama-anchorage"] = {   # cut short (edited by hand)
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "llama-anchorage", "namespace": NS, "resourceVersion": "99",
+                     "annotations": {GENERATION_ANNOTATION: "1"}},
+        "data": {DATA_KEY: text[:40]}}
+    again = await run(kmock, spec(), out.status, StubMetrics(CALM))
+    doc = yaml.safe_load(kmock.objects["v1/configmaps", NS, "llama-anchorage"]["data"][DATA_KEY])
+    assert doc["generation"] == 2 and again.status["configGeneration"] == 2

@@ -8,7 +8,7 @@ import pytest
 
 from anchorage.fingerprint import PrefixOwnership
 from anchorage.policies.base import RequestContext
-from anchorage.policies.cachescout import CacheScoutPolicy, PrefetchAdvisor
+from anchorage.policies.cachescout import PrefetchAdvisor
 from anchorage.policies.registry import make_policy
 from anchorage.policies.transitions import END, TransitionLearner
 from anchorage.pool.block_pool import BlockPool
@@ -132,7 +132,7 @@ def test_transitions_are_learned_per_session_not_from_interleaving():
     ctxs = pipeline_workload(seed=1, agents=4, sessions=20, steps=6, topology="pipeline")
     pol = make_policy("cachescout", block_size=16)
     replay(ctxs, 10_000, 16, pol)
-    t = pol.trans
+    t = pol.model.trans
     # every learned transition is agent i -> i+1 of the pipeline (or END): check via R and
     # that each row has one dominant successor
     assert t.predictability() > 0.6
@@ -143,7 +143,7 @@ def test_transitions_are_learned_per_session_not_from_interleaving():
 
 
 def test_warmup_requests_do_not_learn():
-    pol = CacheScoutPolicy(block_size=16)
+    pol = make_policy("cachescout", block_size=16)
     pool = BlockPool(1000, 16, pol)
     anchors = {a: [a * 100 + i for i in range(4)] for a in (1, 2)}
     t = 0.0
@@ -153,11 +153,11 @@ def test_warmup_requests_do_not_learn():
             c = RequestContext(request_id=(s, a), keys=anchors[a] + [s * 1000 + a],
                                input_length=80, now_s=t, session_id=f"s{s}")
             pool.free(pool.allocate(c))
-    before = (pol.trans.total, dict(pol.at_agent), pol.gaps.global_hist.n)
+    before = (pol.model.trans.total, dict(pol.model.at_agent), pol.model.gaps.global_hist.n)
     w = RequestContext(request_id="w", keys=anchors[2], input_length=64, now_s=t + 1,
                        session_id="s0", warmup=True)
     pool.free(pool.allocate(w))
-    assert (pol.trans.total, dict(pol.at_agent), pol.gaps.global_hist.n) == before
+    assert (pol.model.trans.total, dict(pol.model.at_agent), pol.model.gaps.global_hist.n) == before
     pool.check_invariants()
 
 
@@ -186,6 +186,6 @@ def test_state_is_small_with_24_agents():
     for name in ("cachescout", "hybrid"):
         pol = make_policy(name, block_size=16)
         replay(ctxs, max(unique_blocks(ctxs) // 10, 64), 16, pol)
-        assert len(pol.agents) >= 24
+        assert pol.learned_counts().agents >= 24
         assert pol.model_state_bytes() <= 25 * 1024, name
-        assert pol.state_size_bytes() == pol.model_state_bytes() + 64 * len(pol.sessions)
+        assert pol.state_size_bytes() == pol.model_state_bytes() + 64 * pol.learned_counts().sessions

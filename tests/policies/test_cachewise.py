@@ -7,7 +7,6 @@ import pytest
 
 from anchorage.policies.admission import admission_order, admission_priority
 from anchorage.policies.base import RequestContext
-from anchorage.policies.cachewise import CacheWisePolicy
 from anchorage.policies.gap_predictor import GapHistogram, GapPredictor
 from anchorage.policies.registry import is_offline, make_policy
 from anchorage.policies.tool_clusters import ArgClusterer, args_text
@@ -102,7 +101,7 @@ def _req(i, sid, keys, t, tool):
 
 
 def test_session_waiting_on_a_long_tool_is_evicted_first():
-    pol = CacheWisePolicy(block_size=16, min_samples=4)
+    pol = make_policy("cachewise", block_size=16, min_samples=4)
     pool = BlockPool(10_000, 16, pol)
     i = 0
     # teach: after "read" the session is back in 1 s, after "build" in 100 s

@@ -73,4 +73,4 @@ def test_preempted_request_is_learnt_once(name):
     pool.free(pool.allocate(c))       # preempted
     c.now_s = 6.5
     pool.free(pool.allocate(c))       # re-admitted and finished
-    assert pol.sessions["A"].n == 2
+    assert pol.model.sessions["A"].n == 2

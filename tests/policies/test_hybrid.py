@@ -53,7 +53,11 @@ def _no_signal_trace(seed: int, n: int = 300) -> list[RequestContext]:
 
 
 def _lockstep(ctxs, cap, a, b):
-    pa, pb = BlockPool(cap, 16, a), BlockPool(cap, 16, b)
+    return lockstep_pools(ctxs, BlockPool(cap, 16, a), BlockPool(cap, 16, b))
+
+
+def lockstep_pools(ctxs, pa, pb):
+    """Both pools take ``ctxs`` one at a time: same hits, same blocks, same order."""
     for c in ctxs:
         ra, rb = pa.allocate(c), pb.allocate(c)
         # a prompt longer than the pool does not fit: both pools refuse it alike

@@ -60,7 +60,7 @@ def test_queued_request_keeps_its_prefix(name):
     p = make_policy(name, block_size=BS)
     assert _scenario(p, announce=True) == 8
     assert not p._queued  # admission released the hold
-    for s in p.sessions.values():
+    for s in p.model.sessions.values():
         for g in s.groups.values():
             assert g.hold == 0
 
@@ -78,7 +78,7 @@ def test_a_request_done_without_admission_releases_its_hold():
     assert p._queued
     p.on_request_done(ctx)
     assert not p._queued
-    assert all(g.hold == 0 for s in p.sessions.values() for g in s.groups.values())
+    assert all(g.hold == 0 for s in p.model.sessions.values() for g in s.groups.values())
     pool.check_invariants()
 
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from anchorage.policies.group_eviction import GroupEvictionPolicy
+from anchorage.policies.registry import make_policy
 from anchorage.policies.transitions import END, TransitionLearner
 
 
@@ -52,18 +52,19 @@ def test_end_is_absorbing():
     assert p == pytest.approx(0.5, abs=0.02)  # half the sessions end at a
 
 
+def _reach_k(pol, step_gap: float, turnover_s: float) -> int:
+    pol.model.step_gap, pol.model.turnover.turnover_s = step_gap, turnover_s
+    return pol.view.reach_k()
+
+
 def test_reach_horizon_follows_cache_turnover():
-    default = GroupEvictionPolicy(block_size=16)
-    default.step_gap, default._turnover_s = 1.0, 13.0
-    assert default._reach_k() == 2  # the default is the two-step reach
-    pol = GroupEvictionPolicy(block_size=16, reach_steps="turnover")
-    assert pol._reach_k() == 2  # nothing measured
-    pol.step_gap, pol._turnover_s = 1.0, 3.0
-    assert pol._reach_k() == 2  # under 4 steps per turnover: the two-step reach
-    pol._turnover_s = 13.0
-    assert pol._reach_k() == 8  # rounded down to a power of two
-    pol._turnover_s = math.inf
-    assert pol._reach_k() == 2
-    assert GroupEvictionPolicy(block_size=16, reach_steps=6)._reach_k() == 6
+    default = make_policy("hybrid", block_size=16)
+    assert _reach_k(default, 1.0, 13.0) == 2  # the default is the two-step reach
+    pol = make_policy("hybrid", block_size=16, reach_steps="turnover")
+    assert pol.view.reach_k() == 2  # nothing measured
+    assert _reach_k(pol, 1.0, 3.0) == 2  # under 4 steps per turnover: the two-step reach
+    assert _reach_k(pol, 1.0, 13.0) == 8  # rounded down to a power of two
+    assert _reach_k(pol, 1.0, math.inf) == 2
+    assert make_policy("hybrid", block_size=16, reach_steps=6).view.reach_k() == 6
     with pytest.raises(ValueError, match="reach_steps"):
-        GroupEvictionPolicy(block_size=16, reach_steps=1)
+        make_policy("hybrid", block_size=16, reach_steps=1)

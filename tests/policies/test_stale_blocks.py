@@ -4,15 +4,18 @@ return model; p_within."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from anchorage.policies.base import RequestContext
 from anchorage.policies.gap_predictor import GapHistogram
-from anchorage.policies.group_eviction import DUP, INF, STALE, THREAD
+from anchorage.policies.group import DUP, STALE, THREAD, Signals
 from anchorage.policies.registry import make_policy
 from anchorage.pool.block_pool import BlockPool
 
 BS = 16
+INF = math.inf
 
 
 def _req(rid, keys, t, sid="s"):
@@ -24,7 +27,7 @@ def _kinds(pol, pool, keys):
     out = {}
     for k in keys:
         b = pool.get_cached_block(k)
-        out[k] = pol._bgroup[b].kind if b is not None else None
+        out[k] = pol.heap.block_group[b].kind if b is not None else None
     return out
 
 
@@ -39,10 +42,10 @@ def test_skipped_blocks_go_stale_and_recomputed_ones_dup():
     assert kinds["a1"] == THREAD
     assert kinds["a2"] == kinds["a3"] == kinds["a4"] == kinds["a6"] == STALE
     # a5 has two copies now; the old one is a duplicate, evicted before anything else
-    dups = [b for b, g in pol._bgroup.items() if g.kind == DUP]
+    dups = [b for b, g in pol.heap.block_group.items() if g.kind == DUP]
     assert len(dups) == 1 and pool.block_key[dups[0]] == "a5"
     assert list(pol.eviction_order())[0] == dups[0]
-    assert pol._stale_n == 4
+    assert pol.model.stale.n == 4
 
 
 def test_stale_reuse_is_learned_through_ghosts():
@@ -60,16 +63,17 @@ def test_stale_reuse_is_learned_through_ghosts():
         pool.free(pool.allocate(_req(f"{sid}b", base + [f"{sid}-new{i}" for i in range(3)],
                                      t, sid)))
         t += 1.0
-    assert pol._stale_n >= 64 and pol._stale_hits == 0
-    assert pol._stale_dead()
+    st = pol.model.stale
+    assert st.n >= 64 and st.hits == 0
+    assert (st.hits + 1) / (st.n + 2) < pol.config.stale.dead_max_reuse  # learned dead
     pol._rescore()  # groups scored before it was learned get the new score
-    stale = [g for g in pol._nonempty.values() if g.kind == STALE]
+    stale = [g for g in pol.heap.nonempty.values() if g.kind == STALE]
     assert stale and all(g.K == INF for g in stale)
     # a request for an evicted stale key counts as a reuse (the ghost list), hits or not
-    evicted_old = next(k for k in pol._ghost)
-    before = pol._stale_hits
+    evicted_old = next(k for k in pol.model.ghost)
+    before = pol.model.stale.hits
     pool.free(pool.allocate(_req("back", [evicted_old], t, "other")))
-    assert pol._stale_hits == before + 1
+    assert pol.model.stale.hits == before + 1
 
 
 def test_without_skips_nothing_goes_stale():
@@ -79,8 +83,8 @@ def test_without_skips_nothing_goes_stale():
     for i in range(1, 8):  # each prompt extends the previous one
         keys = keys + [f"k{i}"]
         pool.free(pool.allocate(_req(i, keys, float(i))))
-    assert pol._stale_n == 0
-    assert all(g.kind != STALE for g in pol._bgroup.values())
+    assert pol.model.stale.n == 0
+    assert all(g.kind != STALE for g in pol.heap.block_group.values())
 
 
 def test_p_within_horizon():
@@ -96,9 +100,9 @@ def test_p_within_horizon():
     assert h.p_within(10.0, 1000.0) == pytest.approx(10 / 15, abs=0.02)
 
 
-def test_first_request_sessions_have_their_own_return_model():
+def _first_request_sessions(signals: Signals):
     # 200 sessions: most send one request and never return; the others send six
-    pol = make_policy("hybrid", block_size=BS, global_gaps="wait")
+    pol = make_policy("hybrid", block_size=BS, global_gaps="wait", signals=signals)
     pool = BlockPool(10_000, BS, pol)
     t = 0.0
     for s in range(200):
@@ -113,12 +117,17 @@ def test_first_request_sessions_have_their_own_return_model():
                 pool.free(pool.allocate(_req(f"{sid}-{j}", keys, tt, sid)))
         t += 20.0
     pol._rescore()  # ends the idle sessions, learns their ends
-    f = pol._first
+    return pol
+
+
+def test_first_request_sessions_have_their_own_return_model():
+    pol = _first_request_sessions(Signals())
+    f = pol.model.first
     assert f.n >= 40 and f.ends > f.n  # most first requests were never followed
-    assert pol._first_ready()
-    one = pol.sessions["s199"]   # one request so far (s199 % 4 != 0)
+    assert pol.view._first_ready()
+    one = pol.model.sessions["s199"]   # one request so far (s199 % 4 != 0)
     assert one.n == 1 and not one.ended
-    w_first = pol._session_wait(one, pol._now)
-    pol.sig.first = False
-    w_all = pol._session_wait(one, pol._now)
+    w_first = pol.view.session_wait(one, pol._now)
+    off = _first_request_sessions(Signals(first=False))  # no evictions: the same learning
+    w_all = off.view.session_wait(off.model.sessions["s199"], off._now)
     assert w_first > w_all  # a fresh session is less likely to come back than an average one

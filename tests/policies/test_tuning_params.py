@@ -7,7 +7,7 @@ import pytest
 
 from anchorage.autoscale.params import POLICY_KWARGS, flatten, policy_kwargs
 from anchorage.policies.cachescout import PrefetchAdvisor
-from anchorage.policies.group_eviction import ANCHOR, TUNING_DEFAULTS
+from anchorage.policies.group import ANCHOR, TUNING_DEFAULTS
 from anchorage.policies.registry import make_policy
 from anchorage.pool.block_pool import BlockPool
 from tests.policies.agent_workload import pipeline_workload, unique_blocks
@@ -33,10 +33,11 @@ def test_every_operator_parameter_is_a_hybrid_keyword():
     crd = {"survivalThreshold": 0.3, "horizon": 120, "recencyScale": 30, "rMin": 0.6,
            "prefetch": {"enabled": True, "ratePerSecond": 2}}
     pol = make_policy("hybrid", block_size=16, params=policy_kwargs(flatten(crd)))
-    assert (pol.survival_threshold, pol.horizon_s, pol.recency_scale_s, pol.r_min,
-            pol.prefetch, pol.prefetch_rate_per_s) == (0.3, 120.0, 30.0, 0.6, True, 2.0)
+    t = pol.config.tuning
+    assert (t.survival_threshold, t.horizon_s, t.recency_scale_s, t.r_min,
+            t.prefetch, t.prefetch_rate_per_s) == (0.3, 120.0, 30.0, 0.6, True, 2.0)
     for name in ("cachescout", "cachewise"):  # the CRD offers them too
-        assert make_policy(name, block_size=16, horizon_s=60).horizon_s == 60.0
+        assert make_policy(name, block_size=16, horizon_s=60).config.tuning.horizon_s == 60.0
 
 
 def test_defaults_are_the_untuned_policy():
@@ -60,12 +61,12 @@ def test_each_eviction_parameter_changes_the_order(params):
 def test_horizon_and_threshold_put_far_or_unlikely_groups_first():
     # a short horizon: a thread whose session is expected back after it gets K = inf
     _, _, pol = _run(horizon_s=5.0)
-    ks = [g.K for g in pol._nonempty.values() if g.K is not None]
+    ks = [g.K for g in pol.heap.nonempty.values() if g.K is not None]
     assert any(k == float("inf") for k in ks)
     # threshold 1 within 1 ms: no session is sure to come back that soon, so every scored
     # thread is low-survival (an anchor in use right now, T = 0, is the only exception)
     _, _, pol = _run(survival_threshold=1.0, horizon_s=0.001)
-    scored = [g for g in pol._nonempty.values() if g.K is not None]
+    scored = [g for g in pol.heap.nonempty.values() if g.K is not None]
     assert len(scored) >= 5
     assert all(g.K == float("inf") or g.kind == ANCHOR for g in scored)
     assert sum(g.K == float("inf") for g in scored) >= len(scored) - 1
@@ -73,8 +74,8 @@ def test_horizon_and_threshold_put_far_or_unlikely_groups_first():
 
 def test_r_min_gates_transitions():
     _, _, pol = _run(r_min=0.99)
-    assert pol._R < 0.99  # learned, but below the gate: no transition terms
-    assert all(g.mult == 1.0 and g.add == 0.0 for g in pol._nonempty.values())
+    assert pol.model.R < 0.99  # learned, but below the gate: no transition terms
+    assert all(g.mult == 1.0 and g.add == 0.0 for g in pol.heap.nonempty.values())
 
 
 def test_prefetch_parameters_drive_the_advisor():

@@ -3,7 +3,7 @@ list-then-watch loop over a fake API (the real kube-apiserver test is separate).
 
 import threading
 
-from anchorage.router.discovery import KubernetesSource, urls_from
+from anchorage.router.discovery import KubernetesSource, pods_from, urls_from
 
 EP = {"metadata": {"name": "vllm"}, "subsets": [
     {"addresses": [{"ip": "10.0.0.2"}, {"ip": "10.0.0.1"}], "notReadyAddresses": [{"ip": "10.0.0.9"}]}]}
@@ -16,6 +16,19 @@ SLICE = {"metadata": {"name": "vllm-abc"}, "endpoints": [
 def test_urls_from_ready_addresses_only():
     assert urls_from([EP], "Endpoints", 8000) == ["http://10.0.0.1:8000", "http://10.0.0.2:8000"]
     assert urls_from([SLICE], "EndpointSlice", 80) == ["http://10.0.1.1:80", "http://10.0.1.3:80"]
+
+
+def test_pods_from_names_the_pod_behind_each_ready_address():
+    ep = {"subsets": [{"addresses": [
+        {"ip": "10.0.0.1", "targetRef": {"kind": "Pod", "name": "llama-0"}},
+        {"ip": "10.0.0.2"}],
+        "notReadyAddresses": [{"ip": "10.0.0.9", "targetRef": {"kind": "Pod", "name": "x"}}]}]}
+    assert pods_from([ep], "Endpoints", 8000) == {"http://10.0.0.1:8000": "llama-0"}
+    sl = {"endpoints": [
+        {"addresses": ["10.0.1.1"], "targetRef": {"kind": "Pod", "name": "llama-1"}},
+        {"addresses": ["10.0.1.2"], "conditions": {"ready": False},
+         "targetRef": {"kind": "Pod", "name": "not-ready"}}]}
+    assert pods_from([sl], "EndpointSlice", 80) == {"http://10.0.1.1:80": "llama-1"}
 
 
 class FakeAPI:

@@ -148,7 +148,8 @@ def test_killing_an_engine_under_load_loses_no_request(router, cluster):
 def test_routing_policy_follows_the_operators_document(router, tmp_path, cluster):
     doc = str(tmp_path / "anchorage.yaml")
     ns = cluster["ns"]
-    ns("write_file", doc, "generation: 1\nrouting: {policy: round_robin, weights: {}}\n")
+    ns("write_file", doc, "generation: 1\npolicy: {name: hybrid}\n"
+                          "routing: {policy: round_robin, weights: {}}\n...\n")
     ns = router(policy="agent", config_file=doc, config_poll_s=0.2)
 
     def policy():
@@ -162,15 +163,20 @@ def test_routing_policy_follows_the_operators_document(router, tmp_path, cluster
     assert st["policy"] == "round_robin" and st["config"]["generation"] == {"*": 1}
     served = {served_by(completion(ns, [7] * 32, session="s")) for _ in range(6)}
     assert len(served) == 3                            # round robin ignores the session
-    ns("write_file", doc, "generation: 2\nrouting: {policy: composite, "
-                          "weights: {session: 5, queue: 1}}\n")
+    ns("write_file", doc, "generation: 2\npolicy: {name: hybrid}\nrouting: {policy: composite, "
+                          "weights: {session: 5, queue: 1}}\n...\n")
     time.sleep(1.0)
     assert ns("router_status")["policy"] == "composite"
-    ns("write_file", doc, "")                          # truncated: refused, policy kept
+    # cut short (no end marker): refused like any invalid document, the policy kept
+    ns("write_file", doc, "generation: 3\npolicy: {name: hybrid}\nrouting: {policy: round_")
+    time.sleep(1.0)
+    st = ns("router_status")
+    assert st["policy"] == "composite" and "end marker" in st["config"]["errors"]["*"]
+    ns("write_file", doc, "")                          # emptied: refused, policy kept
     time.sleep(1.0)
     st = ns("router_status")
     assert st["policy"] == "composite" and "empty" in st["config"]["errors"]["*"]
-    assert metric(ns, "anchorage_router_config_rejected_total") == 1
+    assert metric(ns, "anchorage_router_config_rejected_total") == 2
     assert len({served_by(completion(ns, [8] * 32, session="t")) for _ in range(5)}) == 1
 
 

@@ -73,6 +73,24 @@ def test_membership_changes_keep_stable_ids():
     assert s.pick(ctx(session="x"))["replica"] in (1, 2)
 
 
+def test_series_are_labelled_by_pod_and_a_removed_replicas_series_deleted():
+    s = RoutingState(RouterConfig(replicas=[], discovery="kubernetes"))
+    s.set_replicas(URLS, {URLS[0]: "llama-7f9-a", URLS[1]: "llama-7f9-b"})
+    for i in range(2):
+        d = s.pick(ctx(i))
+        s.finish(ctx(i), d["replica"], "ok", {"prompt_tokens": 48}, 16)
+    s.finish(ctx(9), 0, "retried")
+    text = s.metrics_text().decode()
+    assert 'replica="llama-7f9-a"' in text and 'replica="llama-7f9-b"' in text
+    assert "127.0.0.1" not in text                      # no pod IP in any label
+    s.set_replicas(URLS[1:], {URLS[1]: "llama-7f9-b"})   # pod a went away
+    text = s.metrics_text().decode()
+    assert 'replica="llama-7f9-a"' not in text, text
+    assert 'anchorage_router_replica_healthy{replica="llama-7f9-b"} 1.0' in text
+    # static replicas (no pod behind them) keep their URL as the label
+    assert 'replica="http://127.0.0.1:1"' in state().metrics_text().decode()
+
+
 def test_parse_vllm_gauges_ignores_other_series():
     assert parse_vllm_gauges("# HELP x\nvllm:num_requests_waiting 2\nvllm:other 9\n"
                              'vllm:kv_cache_usage_perc{a="b"} 0.1\n') == {"waiting": 2.0, "kv_usage": 0.1}

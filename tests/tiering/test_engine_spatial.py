@@ -6,7 +6,7 @@ The temporal part has no host tier on the CPU build (docs/tiering.md)."""
 from __future__ import annotations
 
 import pytest
-from anchorage.node_agent import vllm_block_pool
+from anchorage.node_agent import vllm_block_pool, vllm_compat
 from anchorage.node_agent.tiering import EngineTiering, maybe_wrap
 
 from anchorage.policies.base import RequestContext
@@ -27,7 +27,7 @@ def send(engine, toks, agent):
 
 
 def crit_hit_after_flood(engine, policy) -> int:
-    old = vllm_block_pool._driver(engine.pool)
+    old = vllm_block_pool.driver(engine.pool)
     vllm_block_pool.detach(engine.pool)
     try:
         assert engine.llm.reset_prefix_cache()
@@ -45,7 +45,7 @@ def crit_hit_after_flood(engine, policy) -> int:
     finally:
         vllm_block_pool.detach(engine.pool)
         assert engine.llm.reset_prefix_cache()
-        engine.pool._anchorage_driver = old
+        vllm_compat.set_driver(engine.pool, old)
 
 
 @pytest.mark.slow

@@ -221,10 +221,11 @@ def policy() -> gd.Dashboard:
         [Q(f"sum by (reason) (rate(anchorage_evictions_total{{{M}}}[{RI}]))", "{{reason}}")], lo=0))
     d = d.with_panel(timeseries(
         "Policy errors and fall-backs", "Exceptions inside the policy (each decision fell back "
-        "to LRU) and evictions made by the LRU fall-back.",
+        "to LRU) and victims taken in stock recency order by a policy other than lru (it had "
+        "none left, or it failed).",
         [Q(f"sum by (pod, policy) (rate(anchorage_policy_errors_total{{{M}}}[{RI}]))", "{{pod}} errors"),
-         Q(f"sum by (pod) (rate(anchorage_evictions_total{{{M},reason=\"fallback\"}}[{RI}]))",
-           "{{pod}} fallback evictions")], lo=0))
+         Q(f"sum by (pod) (rate(anchorage_evictions_total{{{M},policy!=\"lru\",reason=\"lru\"}}[{RI}]))",
+           "{{pod}} stock-order victims")], lo=0))
     d = d.with_row(gd.Row("Tiering (ANCHORAGE_TIERING, docs/tiering.md)"))
     d = d.with_panel(timeseries(
         "Reserved blocks per agent", "GPU blocks reserved for critical agents by spatial "
@@ -281,6 +282,12 @@ def router() -> gd.Dashboard:
         "Requests by replica", "Requests per second sent to each replica, and requests in flight.",
         [Q(f"sum by (replica) (rate(anchorage_router_requests_total{{{NS}}}[{RI}]))", "{{replica}}"),
          Q(f"sum by (replica) (anchorage_router_replica_inflight{{{NS}}})", "{{replica}} in flight")],
+        lo=0))
+    d = d.with_panel(timeseries(
+        "Queued prefill tokens per replica", "The router's estimate of the prompt tokens each "
+        "replica still has to prefill (sent, no first byte yet, less the predicted cache hits): "
+        "the load signal the routing policies see.",
+        [Q(f"sum by (replica) (anchorage_router_replica_queued_tokens{{{NS}}})", "{{replica}}")],
         lo=0))
     d = d.with_panel(timeseries(
         "Rejected (429) and errors", "Requests the router refused (429 when every replica is "

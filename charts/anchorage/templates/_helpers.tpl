@@ -70,6 +70,11 @@ anchorage.dev/model: {{ .model.name }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 
+{{/* The router's image (Ray Serve): the Deployment's Ray head, KubeRay's head and workers. */}}
+{{- define "anchorage.routerImage" -}}
+{{- printf "%s:%s" .Values.router.image.repository (default .Chart.AppVersion .Values.router.image.tag) -}}
+{{- end -}}
+
 {{- define "anchorage.serviceAccountName" -}}
 {{- printf "%s-%s" (include "anchorage.fullname" .ctx) .component -}}
 {{- end -}}
@@ -101,9 +106,13 @@ policy/v1beta1
 {{- define "anchorage.policyConfigKey" -}}anchorage.yaml{{- end -}}
 
 {{/* Only what the operator does (operator/kube.py, handlers.py): kopf watches and patches
-AgentCachePolicies (finalizers, progress annotations, status) and posts Events; the
-operator reads/creates/replaces the versioned ConfigMap and reads/patches the target's
-scale subresource. Peering rules are added where the peering object lives. */}}
+AgentCachePolicies (its finalizer, progress annotations, status) and posts Events; the
+operator reads, creates and patches the versioned ConfigMap (never update or delete: the
+garbage collector removes it with its owner), sets the ConfigMap's ownerReference with
+blockOwnerDeletion (clusters enforcing owner-reference permissions require `update` on the
+owner's `finalizers` subresource for that), and reads/patches the target's scale
+subresource. Peering rules are added where the peering object lives. The integration test
+runs the operator under exactly these rules (tests/operator/test_operator_k8s.py). */}}
 {{- define "anchorage.operatorNamespacedRules" -}}
 - apiGroups: [anchorage.dev]
   resources: [agentcachepolicies]
@@ -111,9 +120,12 @@ scale subresource. Peering rules are added where the peering object lives. */}}
 - apiGroups: [anchorage.dev]
   resources: [agentcachepolicies/status]
   verbs: [get, patch]
+- apiGroups: [anchorage.dev]
+  resources: [agentcachepolicies/finalizers]
+  verbs: [update]
 - apiGroups: [""]
   resources: [configmaps]
-  verbs: [get, create, update]
+  verbs: [get, create, patch]
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
@@ -169,4 +181,50 @@ default) rejects bare numbers in quantities on Kubernetes 1.20 ("expected string
 {{- end -}}
 {{- end -}}
 {{- toYaml $out -}}
+{{- end -}}
+
+{{/* A component's security context: its own map laid over the global one (recursively;
+an own `false` wins, unlike sprig's merge). Call with (dict "global" .Values.x "own" y). */}}
+{{- define "anchorage.context" -}}
+{{- include "anchorage.overlay" (dict "base" (default (dict) .global) "over" (default (dict) .own)) | fromJson | toYaml -}}
+{{- end -}}
+
+{{/* The `release` label a stock kube-prometheus-stack selects monitors and rules by, plus
+monitoring.labels. */}}
+{{- define "anchorage.monitoringLabels" -}}
+{{- with .Values.monitoring.prometheusRelease }}
+release: {{ . | quote }}
+{{- end }}
+{{- with .Values.monitoring.labels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* The Prometheus that may scrape: its namespaces and, when set, its pods. */}}
+{{- define "anchorage.monitoringPeer" -}}
+{{- $np := .Values.networkPolicy -}}
+{{- $peer := dict "namespaceSelector" $np.monitoringNamespaceSelector -}}
+{{- if $np.monitoringPodSelector -}}
+{{- $_ := set $peer "podSelector" $np.monitoringPodSelector -}}
+{{- end -}}
+{{- toYaml $peer -}}
+{{- end -}}
+
+{{/* The vLLM engine's user, HOME and caches (a uid without a passwd entry, read-only
+root): getpass and torch read USER/LOGNAME before the passwd database; every cache vLLM,
+torch, Triton, numba, outlines or Hugging Face writes lives under HOME, an emptyDir. */}}
+{{- define "anchorage.engineHomeEnv" -}}
+- {name: HOME, value: /home/vllm}
+- {name: USER, value: vllm}
+- {name: LOGNAME, value: vllm}
+- {name: XDG_CACHE_HOME, value: /home/vllm/.cache}
+- {name: XDG_CONFIG_HOME, value: /home/vllm/.config}
+- {name: VLLM_CACHE_ROOT, value: /home/vllm/.cache/vllm}
+- {name: VLLM_CONFIG_ROOT, value: /home/vllm/.config/vllm}
+- {name: TORCHINDUCTOR_CACHE_DIR, value: /home/vllm/.cache/torchinductor}
+- {name: TRITON_CACHE_DIR, value: /home/vllm/.cache/triton}
+- {name: TORCH_EXTENSIONS_DIR, value: /home/vllm/.cache/torch_extensions}
+- {name: NUMBA_CACHE_DIR, value: /home/vllm/.cache/numba}
+- {name: OUTLINES_CACHE_DIR, value: /home/vllm/.cache/outlines}
+- {name: TMPDIR, value: /tmp}
 {{- end -}}

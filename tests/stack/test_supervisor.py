@@ -1,0 +1,206 @@
+"""The stack's supervision over real processes (fast; no vLLM, no Ray): the restart
+policy's specification, exit statuses in words, a dead child's whole process tree reaped
+(an engine-core-like grandchild that ignores SIGTERM included), restarts with back-off
+that become ready again, giving up, and the engine wrapper's exit status for a dead
+engine core.
+
+The children are small Python HTTP servers on loopback standing in for an engine: what is
+under test is the supervisor (the real engines' faults are in ``test_stack_faults``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from anchorage.stack.restart import AUX, ENGINE, ROUTER, RestartPolicy, can_serve
+from anchorage.stack.supervisor import (GIVEN_UP, RUNNING, Supervisor, alive, describe_exit,
+                                        http_ok)
+from tests.conftest import REPO
+from tests.support.procs import free_port
+
+# an engine stand-in: /health on PORT; a grandchild in its process group that ignores
+# SIGTERM (vLLM's busy engine core does); exits 3 at start while FAIL_FILE exists
+CHILD = textwrap.dedent("""
+    import http.server, os, signal, subprocess, sys
+    port, fail_file, pid_file = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    if os.path.exists(fail_file):
+        sys.exit(3)
+    core = subprocess.Popen([sys.executable, "-c",
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
+    open(pid_file, "w").write(str(core.pid))
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+        def log_message(self, *a):
+            pass
+    http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+""")
+
+
+def run_until(sup: Supervisor, pred, timeout_s: float = 30.0) -> list[str]:
+    events: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        events += sup.tick()
+        if pred():
+            return events
+        time.sleep(0.05)
+    raise AssertionError(f"condition not reached in {timeout_s} s; events: {events}")
+
+
+@pytest.fixture
+def engine_like(tmp_path):
+    sup = Supervisor(tmp_path / "logs", RestartPolicy(backoff_s=0.3, backoff_max_s=0.6,
+                                                      max_restarts=2, stable_s=300),
+                     reap_s=1.0)
+    port = free_port()
+    fail, pid_file = tmp_path / "fail", tmp_path / "core.pid"
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    c = sup.start("engine-0", [sys.executable, str(script), str(port), str(fail), str(pid_file)],
+                  role=ENGINE)
+    sup.wait_ready(c, lambda: http_ok(f"http://127.0.0.1:{port}/health"), 30)
+    yield sup, c, port, fail, pid_file
+    sup.stop_all(grace_s=2, straggler_s=1)
+
+
+def test_restart_policy_specification():
+    p = RestartPolicy()
+    assert [p.delay_s(k) for k in range(1, 8)] == [1, 2, 4, 8, 16, 30, 30]
+    assert not p.gives_up(5) and p.gives_up(6)
+    assert RestartPolicy(max_restarts=0).gives_up(1)
+    assert RestartPolicy.from_dict({"backoff_s": 0.5}).backoff_s == 0.5
+    with pytest.raises(ValueError, match="unknown restart parameter.*backof"):
+        RestartPolicy.from_dict({"backof": 1})
+    with pytest.raises(ValueError):
+        RestartPolicy(backoff_s=10, backoff_max_s=1)
+    assert can_serve([(ROUTER, False), (ENGINE, True), (ENGINE, False), (AUX, True)])
+    assert not can_serve([(ROUTER, False), (ENGINE, True), (AUX, False)])
+    assert not can_serve([(ROUTER, True), (ENGINE, False)])
+
+
+def test_exit_status_in_words():
+    assert describe_exit(-9) == "was killed by SIGKILL"
+    assert describe_exit(1) == "exited with status 1"
+    assert describe_exit(0) == "exited with status 0"
+    assert describe_exit(137) == "exited with status 137 (a process it ran was killed by SIGKILL)"
+
+
+def test_dead_child_is_reaped_with_its_tree_and_restarted(engine_like):
+    sup, c, port, _, pid_file = engine_like
+    first_pid, core = c.proc.pid, int(pid_file.read_text())
+    assert alive(core)
+    os.kill(first_pid, signal.SIGKILL)              # the API server, killed outright
+    events = run_until(sup, lambda: c.state == RUNNING and c.proc.pid != first_pid)
+    assert events[0].startswith("engine-0 was killed by SIGKILL; restarting it in 0.3 s"), events
+    assert any("left behind needed SIGKILL" in e for e in events), events  # it ignored SIGTERM
+    assert not alive(core)                          # reaped before the restart
+    assert any(e.startswith("engine-0 is back (restart 1") for e in events), events
+    assert http_ok(f"http://127.0.0.1:{port}/health")
+    assert int(pid_file.read_text()) != core and c.restarts == 1 and c.failures == 1
+
+
+def test_back_off_grows_then_gives_up_and_nothing_can_serve(engine_like):
+    sup, c, _, fail, pid_file = engine_like
+    core = int(pid_file.read_text())
+    fail.write_text("1")                            # every restart now exits 3 at once
+    os.kill(c.proc.pid, signal.SIGKILL)
+    events = run_until(sup, lambda: c.state == GIVEN_UP)
+    deaths = [e for e in events if e.startswith("engine-0 ") and ";" in e]
+    assert deaths[0].startswith("engine-0 was killed by SIGKILL; restarting it in 0.3 s")
+    assert deaths[1].startswith("engine-0 exited with status 3; restarting it in 0.6 s")
+    assert deaths[2].startswith("engine-0 exited with status 3; giving up after 2 failed "
+                                "restart(s); it stays down"), deaths
+    assert not alive(core)
+    assert not can_serve((ch.role, ch.given_up) for ch in sup.children)
+    assert sup.tick() == []                         # given up: no more restarts
+
+
+def test_a_stable_child_starts_over_from_the_first_delay(tmp_path):
+    sup = Supervisor(tmp_path, RestartPolicy(backoff_s=0.2, stable_s=0.5), reap_s=0.5)
+    c = sup.start("prometheus", [sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        os.kill(c.proc.pid, signal.SIGTERM)
+        run_until(sup, lambda: c.state == RUNNING and c.restarts == 1)
+        assert c.failures == 1
+        run_until(sup, lambda: c.failures == 0, timeout_s=5)   # ready for stable_s
+        os.kill(c.proc.pid, signal.SIGTERM)
+        events = run_until(sup, lambda: c.restarts == 2)
+        assert "was killed by SIGTERM; restarting it in 0.2 s" in events[0], events
+    finally:
+        sup.stop_all(grace_s=2, straggler_s=1)
+
+
+def test_stop_all_stops_a_restarting_supervisor_cleanly(engine_like):
+    sup, c, _, _, pid_file = engine_like
+    core = int(pid_file.read_text())
+    os.kill(c.proc.pid, signal.SIGKILL)
+    sup.tick()
+    sup.stop_all(grace_s=1, straggler_s=1)
+    assert not alive(core) and sup.children == [] and sup.tick() == []
+
+
+WRAPPER_PROBE = textwrap.dedent("""
+    import json, multiprocessing as mp, os, signal, sys, time
+    from anchorage.stack import vllm_server as vs
+    vs._record_started_processes()
+    def die():
+        os.kill(os.getpid(), signal.SIGKILL)
+    def wait():
+        time.sleep(60)
+    ctx = mp.get_context("fork")
+    stopped = ctx.Process(target=wait, name="Stopped"); stopped.start()
+    stopped.terminate(); stopped.join()                # an orderly stop: not a failure
+    before = vs.failed_child_status()
+    core = ctx.Process(target=die, name="EngineCore"); core.start()
+    from multiprocessing.connection import wait as wait_for_exit
+    wait_for_exit([core.sentinel])
+    core.terminate()     # what vLLM's shutdown does when is_alive() ran before the zombie
+    core.join()
+    print(json.dumps([before, vs.failed_child_status()]))
+""")
+
+
+def test_engine_wrapper_reports_a_dead_engine_core():
+    p = subprocess.run([sys.executable, "-c", WRAPPER_PROBE], cwd=REPO, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    before, after = json.loads(p.stdout)
+    assert before is None
+    assert after[0] == 137 and after[1].startswith("EngineCore (pid ")
+    assert after[1].endswith("was killed by SIGKILL")
+
+
+def test_stack_reports_when_nothing_can_serve(tmp_path):
+    """The watcher keeps a stack with a dead engine up while it restarts, and says so
+    once restarts gave up on its only engine (``anchorage up`` then exits)."""
+    from anchorage.stack.stack import Stack, StackConfig
+
+    stack = Stack(StackConfig(engines=1, prometheus="off", workdir=str(tmp_path),
+                              restart=RestartPolicy(backoff_s=0.2, backoff_max_s=0.2,
+                                                    max_restarts=1)))
+    lines: list[str] = []
+    try:
+        stack.sup.start("router", [sys.executable, "-c", "import time; time.sleep(600)"],
+                        role=ROUTER)
+        engine = stack.sup.start("engine-0", [sys.executable, "-c", "import sys; sys.exit(4)"],
+                                 role=ENGINE)
+        stack.watch(lines.append)
+        deadline = time.monotonic() + 30
+        while stack.check() is None and time.monotonic() < deadline:
+            assert stack.can_serve() or engine.given_up
+            time.sleep(0.05)
+        problem = stack.check()
+        assert problem and problem.startswith("nothing can serve any more: engine-0 exited "
+                                              "with status 4"), (problem, lines)
+        assert any("giving up after 1 failed restart(s)" in ln for ln in lines), lines
+    finally:
+        stack.stop()
+    assert stack.sup.children == []
