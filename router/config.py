@@ -63,6 +63,14 @@ class RouterConfig:
     num_replicas: int = 1
     ingress: str = "haproxy"               # haproxy (Serve's HAProxy + direct ingress) | serve
     sync_interval_s: float = 0.05          # decisions shared between router replicas
+    # router pods with their own Ray (Deployment mode, several pods): share decisions over
+    # HTTP (router/pods.py); static URLs of the other pods and/or the label selector of
+    # the router's own Service Endpoints (port ``peer_port``); needs ``trusted_token``
+    peers: list[str] = field(default_factory=list)
+    peer_selector: str = ""
+    peer_port: int = 8000
+    pod_id: str = ""                       # default: $POD_NAME, else the host name
+    gc_freeze_after_s: float = 60.0        # warm-up, then gc.freeze() once (0: never)
     actor_name: str = "anchorage-routing-state"
 
     def validate(self) -> "RouterConfig":
@@ -84,6 +92,12 @@ class RouterConfig:
             raise ValueError("retries and vocab_size must be >= 0")
         if self.ingress not in INGRESS:
             raise ValueError(f"ingress must be one of {', '.join(INGRESS)}, not {self.ingress!r}")
+        if (self.peers or self.peer_selector) and not self.trusted_token:
+            raise ValueError("sharing decisions between router pods (peers / peer_selector) "
+                             "needs the internal token (ANCHORAGE_INTERNAL_TOKEN)")
+        for u in self.peers:
+            if not u.startswith(("http://", "https://")):
+                raise ValueError(f"peer URL must start with http:// or https://: {u!r}")
         make_router(self.policy, **self.policy_params)   # raises ValueError with a message
         return self
 
@@ -92,6 +106,6 @@ class RouterConfig:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        for secret in ("tenant_secret", "upstream_api_key", "trusted_token"):
+        for secret in ("tenant_secret", "upstream_api_key", "trusted_token"):  # never shown
             d[secret] = "***" if d[secret] else ""
         return d

@@ -12,9 +12,11 @@ and Kubernetes discovery.
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
-import json
 import logging
+import os
+import socket
 import threading
 import time
 import uuid
@@ -27,7 +29,7 @@ from starlette.responses import JSONResponse, Response
 from anchorage.policies.base import RequestContext
 from anchorage.routing.bounded import BoundedLRU
 from anchorage.routing.metadata import to_vllm_body
-from anchorage.router import health, limits, parsing, retries
+from anchorage.router import fastjson, health, limits, parsing, retries
 from anchorage.router.config import RouterConfig
 from anchorage.router.errors import RouterError, error_body, unavailable
 from anchorage.router.keys import ChatTokenizer, request_keys
@@ -55,6 +57,7 @@ class RouterCore:
         self._tasks: list[asyncio.Task] = []
         self._pending_urls: list[str] | None = None
         self._kv = None
+        self.pods = None
 
     # -- background --------------------------------------------------------------------
     async def start(self, peer_log=None) -> None:
@@ -63,9 +66,17 @@ class RouterCore:
             limit=cfg.max_connections, limit_per_host=cfg.max_connections, ttl_dns_cache=300))
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(health.health_loop(self.state, self._auth)))
+        if cfg.peers or cfg.peer_selector:
+            from anchorage.router.pods import PodPeers
+            self.pods = PodPeers(self.state, self.session, cfg.trusted_token,
+                                 cfg.pod_id or os.environ.get("POD_NAME") or socket.gethostname(),
+                                 cfg.peers, os.environ.get("POD_IP", ""))
+            if cfg.peer_selector:
+                self._start_peer_discovery(loop)
         if peer_log is not None:
             from anchorage.router.sync import PeerSync
-            self.sync = PeerSync(self.state, peer_log, uuid.uuid4().hex[:12], cfg.sync_interval_s)
+            self.sync = PeerSync(self.state, peer_log, uuid.uuid4().hex[:12], cfg.sync_interval_s,
+                                 self.pods)
             self._tasks.append(loop.create_task(self.sync.run()))
         if cfg.config_file or cfg.config_dir:
             from anchorage.router.configdoc import ConfigWatch
@@ -77,17 +88,52 @@ class RouterCore:
             self._kv.set_endpoints(self.state.kv_endpoints())
         if cfg.discovery == "kubernetes":
             self._start_discovery(loop)
+        if cfg.gc_freeze_after_s > 0:
+            self._tasks.append(loop.create_task(freeze_after(cfg.gc_freeze_after_s)))
 
     def _start_discovery(self, loop) -> None:
+        # pod names (the addresses' targetRef) label the replicas' series
+        self._watch(loop, self.cfg.k8s_selector, self.cfg.k8s_port, self._apply_urls)
+
+    def _start_peer_discovery(self, loop) -> None:
+        self._watch(loop, self.cfg.peer_selector, self.cfg.peer_port,
+                    lambda urls, names: self.pods.set_peers(urls))
+
+    def _watch(self, loop, selector: str, port: int, apply) -> None:
+        """Follow the ready addresses of Endpoints selected by ``selector`` (a watch
+        thread); ``apply(urls, pod_names)`` runs on the event loop on each change."""
         from anchorage.router.discovery import KubeClientAPI, KubernetesSource
         cfg = self.cfg
-        src = KubernetesSource(KubeClientAPI(cfg.k8s_kind), cfg.k8s_namespace,
-                               cfg.k8s_selector, cfg.k8s_port, cfg.k8s_kind)
+        src = KubernetesSource(KubeClientAPI(cfg.k8s_kind), cfg.k8s_namespace, selector, port,
+                               cfg.k8s_kind)
+        threading.Thread(target=src.watch, daemon=True, args=(
+            lambda urls: loop.call_soon_threadsafe(apply, urls, dict(src.pod_names)),)).start()
 
-        def changed(urls: list[str]) -> None:      # on the watch thread
-            # pod names (the addresses' targetRef) label the replicas' series
-            loop.call_soon_threadsafe(self._apply_urls, urls, dict(src.pod_names))
-        threading.Thread(target=src.watch, args=(changed,), daemon=True).start()
+    async def peer_push(self, request: Request) -> Response:
+        """``POST /internal/v1/peer-decisions``: another router pod's decisions (``pods``)."""
+        if self.pods is None or not self.pods.authorised(
+                request.headers.get("x-anchorage-internal", "")):
+            return self.error(RouterError(403, "peer decisions need the internal token",
+                                          "permission_error", "forbidden", reason="forbidden"))
+        try:
+            raw = await limits.read_body(request.stream(), self.cfg,
+                                         request.headers.get("content-length"))
+            got = self.pods.parse(raw)
+        except RouterError as exc:
+            return self.error(exc)
+        except (ValueError, RecursionError) as exc:
+            return self.error(RouterError(400, f"bad decision batch: {exc}"))
+        if got is not None:
+            origin, payload, load = got
+            if self.sync is not None:
+                res = self.sync.log.ingest.remote(origin, payload, load)
+                if hasattr(res, "__await__"):
+                    await res
+            elif payload:          # hosted without a log: apply here
+                from anchorage.router.sync import decode
+                for _, url, model, ctx in decode(payload):
+                    self.state.on_peer_start(url, model, ctx)
+        return Response(b"{}", media_type="application/json")
 
     def _apply_urls(self, urls: list[str], names: dict[str, str] | None = None) -> None:
         self.state.set_replicas(urls, names)
@@ -107,11 +153,7 @@ class RouterCore:
         prev = p.body.get("previous_response_id") if p.path == "/v1/responses" else None
         return self.responses.get(prev) if isinstance(prev, str) else None
 
-    def remember_response(self, content: bytes, url: str) -> None:
-        try:
-            rid = json.loads(content).get("id")
-        except (ValueError, AttributeError):
-            return
+    def remember_response(self, rid, url: str) -> None:
         if isinstance(rid, str) and len(rid) <= 256:
             self.responses[rid] = url
 
@@ -130,10 +172,13 @@ class RouterCore:
                                  now_s=time.monotonic(), session_id=m.session_id,
                                  tenant=m.tenant, tool_name=m.tool_name, tool_args=m.tool_args,
                                  agent_hint=m.agent, warmup=m.warmup)
-            fwd = json.dumps(to_vllm_body(p.body, m, p.salt)).encode()
+            fwd = forward_body(p)
             up_headers = {"content-type": "application/json", **self._auth,
                           "accept": headers.get("accept", "application/json")}
-            return await retries.send(self, p, ctx, tpk, fwd, up_headers)
+            if p.stream:           # Starlette ends a stream whose client left
+                return await retries.send(self, p, ctx, tpk, fwd, up_headers)
+            return await until_disconnect(request.receive,
+                                          retries.send(self, p, ctx, tpk, fwd, up_headers))
         except RouterError as exc:
             return self.error(exc)
 
@@ -160,10 +205,67 @@ class RouterCore:
                             status_code=200 if healthy else 503)
 
     def status(self) -> dict[str, Any]:
-        return {"replicas": self.state.snapshot(),
+        return {"replicas": self.state.snapshot(), "ejections": dict(self.state.ejections),
                 "sync": self.sync.status() if self.sync else None,
                 "config": self.config_watch.status() if self.config_watch else None,
+                "pods": self.pods.status() if self.pods else None,
                 "policy": self.cfg.policy}
 
 
+async def freeze_after(delay_s: float) -> None:
+    """After warm-up, collect once and move every live object to the collector's
+    permanent generation (``gc.freeze``): the routing tables built so far (prefix index,
+    agent and thread tables: millions of entries) are then never walked by a full
+    collection, whose pause grows with them."""
+    await asyncio.sleep(delay_s)
+    gc.collect()
+    gc.freeze()
+    log.info("routing state frozen for the cycle collector (%d objects)", gc.get_freeze_count())
+
+
+_REWRITTEN = frozenset(("anchorage", "vllm_xargs", "session_id", "cache_salt"))
+
+
+def forward_body(p: parsing.Parsed) -> bytes:
+    """The body sent to the replica (``to_vllm_body``). When the client's body has none
+    of the fields it rewrites, the canonical fields are appended to the client's own
+    bytes (the same JSON object, not parsed and encoded again)."""
+    body, m = p.body, p.meta
+    if _REWRITTEN.isdisjoint(body):
+        out = fastjson.extend_object(p.raw, to_vllm_body({}, m, p.salt))
+        if out is not None:
+            return out
+    return fastjson.dumps(to_vllm_body(body, m, p.salt))
+
+
+async def until_disconnect(receive, work) -> Response:
+    """Await ``work`` (a non-streaming answer) unless the client disconnects first: then
+    ``work`` is cancelled, which closes the upstream connection (vLLM aborts a request
+    whose connection closes, so the engine stops computing it) and frees the attempt's
+    slot at once (``retries.attempt`` reports it as ``cancelled``). The body has been read
+    whole, so the next ASGI message is the disconnect."""
+    me = asyncio.current_task()
+    left = False
+
+    async def watch() -> None:
+        nonlocal left
+        try:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+        except Exception:  # noqa: BLE001 - no disconnect signal: the answer decides
+            return
+        left = True
+        me.cancel()
+    watcher = asyncio.ensure_future(watch())
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if left and me.uncancel() == 0:         # our cancellation, not the server's
+            return Response(CLIENT_LEFT, status_code=499, media_type="application/json")
+        raise
+    finally:
+        watcher.cancel()
+
+
 NOT_FOUND = error_body("no such endpoint", "invalid_request_error", "not_found")
+CLIENT_LEFT = error_body("the client disconnected", "invalid_request_error", "client_closed")

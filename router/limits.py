@@ -47,8 +47,9 @@ async def read_body(stream: AsyncIterator[bytes], cfg: RouterConfig,
                                   code="request_too_large", reason="request_too_large")
             parts.append(chunk)
     try:
-        await asyncio.wait_for(collect(), cfg.body_timeout_s)
-    except asyncio.TimeoutError:
+        async with asyncio.timeout(cfg.body_timeout_s):    # no task per request
+            await collect()
+    except TimeoutError:
         raise RouterError(408, f"request body not received within {cfg.body_timeout_s:g} s",
                           code="request_timeout", reason="body_timeout") from None
     return b"".join(parts)

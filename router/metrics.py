@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 class RouterMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
+        self._children: dict = {}
         self.requests = Counter("anchorage_router_requests", "Requests by replica, policy and outcome",
                                 ["replica", "policy", "outcome"], registry=r)
         self.decision = Histogram("anchorage_router_decision_seconds", "Routing decision time",
@@ -58,11 +59,20 @@ class RouterMetrics:
                                        "Operator documents the router refused to apply",
                                        ["model"], registry=r)
 
+    def child(self, metric, *labels: str):
+        """``metric.labels(*labels)``, memoised (the request path looks each up per request)."""
+        key = (id(metric), labels)
+        got = self._children.get(key)
+        if got is None:
+            got = self._children[key] = metric.labels(*labels)
+        return got
+
     def forget_replica(self, replica: str) -> None:
-        """Delete every series labelled ``replica=<replica>``."""
+        """Delete every series labelled ``replica=<replica>`` and its memoised children."""
         for m in (self.requests, self.predicted, self.observed, self.prompt, self.retries,
                   self.ejections, self.healthy, self.inflight, self.queued_tokens):
             m.remove_by_labels({"replica": replica})
+        self._children = {k: v for k, v in self._children.items() if replica not in k[1]}
 
     def text(self) -> bytes:
         return generate_latest(self.registry)

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 from anchorage.routing.keys import tenant_salt
 from anchorage.routing.metadata import MetadataError, RequestMeta, parse_request
-from anchorage.router import limits
+from anchorage.router import fastjson, limits
 from anchorage.router.config import RouterConfig
 from anchorage.router.errors import bad_request
 
@@ -30,6 +30,7 @@ ROUTED = {"/v1/completions": "prompt", "/v1/chat/completions": "messages",
 
 @dataclass(slots=True)
 class Parsed:
+    raw: bytes                       # the body as received
     path: str
     body: dict[str, Any]
     meta: RequestMeta
@@ -53,7 +54,7 @@ def trusted(headers: Mapping[str, str], token: str) -> bool:
 
 def parse(path: str, raw: bytes, headers: Mapping[str, str], cfg: RouterConfig) -> Parsed:
     try:
-        body = json.loads(raw)
+        body = fastjson.loads(raw)
     except RecursionError:
         raise bad_request(f"request JSON is nested deeper than {cfg.max_json_depth} levels",
                           code="too_deep") from None
@@ -82,5 +83,5 @@ def parse(path: str, raw: bytes, headers: Mapping[str, str], cfg: RouterConfig) 
         field = "messages"
     if field and field not in body:
         raise bad_request(f"'{field}' is required", field)
-    return Parsed(path, body, meta, model, bool(body.get("stream")),
+    return Parsed(raw, path, body, meta, model, bool(body.get("stream")),
                   tenant_salt(meta.tenant, cfg.tenant_secret))

@@ -11,13 +11,13 @@ breaks, or the client leaves (``RelayResponse`` closes it even then).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from typing import Any, Callable
 
 import aiohttp
 from starlette.responses import StreamingResponse
 
+from anchorage.router import fastjson
 from anchorage.router.errors import error_body
 
 log = logging.getLogger("anchorage.router")
@@ -43,25 +43,15 @@ class RelayResponse(StreamingResponse):
 _RelayResponse = RelayResponse     # the name tests and older code import
 
 
-def usage_of(content: bytes) -> dict | None:
-    if b'"usage"' not in content:
-        return None
-    try:
-        u = json.loads(content).get("usage")
-    except (ValueError, AttributeError):
-        return None
-    return u if isinstance(u, dict) else None
-
-
 def usage_from_sse(buf: bytes) -> dict | None:
     usage = None
     for line in buf.split(b"\n"):
         if line.startswith(b"data: {") and b'"usage"' in line:
             try:
-                u = json.loads(line[6:]).get("usage")
+                u, _ = fastjson.usage_and_id(line[6:])
             except ValueError:
                 continue
-            if u:
+            if isinstance(u, dict) and u:
                 usage = u
     return usage
 

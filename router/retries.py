@@ -27,7 +27,7 @@ from typing import Any
 import aiohttp
 from starlette.responses import Response
 
-from anchorage.router import errors, relay
+from anchorage.router import errors, fastjson, relay
 from anchorage.router.parsing import Parsed
 
 CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
@@ -120,10 +120,13 @@ async def attempt(core, p: Parsed, ctx, rid: int, url: str, predicted: int, fwd:
         finally:
             resp.release()
         status = resp.status
+        usage = answer_id = None
+        if status < 400 and (p.path == "/v1/responses" or b'"usage"' in content):
+            usage, answer_id = fastjson.usage_and_id(content)   # parsed once, these fields only
         done("ok" if status < 400 else "client_error" if status < 500 else "server_error",
-             relay.usage_of(content) if status < 400 else None)
-        if status < 400 and p.path == "/v1/responses":
-            core.remember_response(content, url)
+             usage if isinstance(usage, dict) else None)
+        if answer_id is not None and p.path == "/v1/responses":
+            core.remember_response(answer_id, url)
         return "answered", Response(content, status_code=status, media_type=ctype)
     except BaseException:
         done("cancelled")              # the client left (or anything unforeseen)

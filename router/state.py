@@ -89,6 +89,7 @@ class RoutingState:
         self._prefill: dict[tuple[int, Any], int] = {}   # (replica, request id) -> tokens
         self.outbox: list | None = None      # decisions for the peers (set by sync)
         self._models: set[str] = set()       # every model some replica reported
+        self.ejections: dict[str, int] = {}  # replica URL -> times ejected
         self.set_replicas(self.cfg.replicas)
 
     # -- membership -----------------------------------------------------------------
@@ -225,7 +226,12 @@ class RoutingState:
                 return {"status": "unavailable"}
             self.metrics.decision.observe(time.perf_counter() - t0)
             up = ups[p]
-        predicted = int(router.predicted_hit_blocks(ctx, up.id) * tokens_per_key)
+        blocks = router.predicted_hit_blocks(ctx, up.id)
+        if tokens_per_key >= 1 and ctx.input_length:
+            # vLLM computes at least a prompt's last token: a fully cached prompt hits
+            # all but its last block when its length is a multiple of the block size
+            blocks = min(blocks, int((ctx.input_length - 1) // tokens_per_key))
+        predicted = int(blocks * tokens_per_key)
         router.on_start(ctx, up.id)
         if self.outbox is not None:
             self.outbox.append((up.url, model, ctx))
@@ -268,13 +274,15 @@ class RoutingState:
                 up.failures = 0
             elif outcome in TRANSPORT_FAILURES:
                 self._failure(up)
-        self.metrics.requests.labels(url, self.cfg.policy, outcome).inc()
+        mt = self.metrics
+        mt.child(mt.requests, url, self.cfg.policy, outcome).inc()
         if outcome == "ok":
-            self.metrics.predicted.labels(url).inc(predicted_tokens)
+            mt.child(mt.predicted, url).inc(predicted_tokens)
             if usage:
                 details = usage.get("prompt_tokens_details") or {}
-                self.metrics.observed.labels(url).inc(int(details.get("cached_tokens") or 0))
-                self.metrics.prompt.labels(url).inc(int(usage.get("prompt_tokens") or 0))
+                cached = details.get("cached_tokens") if isinstance(details, dict) else 0
+                mt.child(mt.observed, url).inc(int(cached or 0))
+                mt.child(mt.prompt, url).inc(int(usage.get("prompt_tokens") or 0))
 
     def retried(self, url: str, reason: str) -> None:
         up = self._by_url.get(url.rstrip("/"))
@@ -288,6 +296,7 @@ class RoutingState:
         if up.healthy and up.failures >= self.cfg.eject_after_failures:
             up.healthy = False
             up.ejected_once = True
+            self.ejections[up.url] = self.ejections.get(up.url, 0) + 1
             self.metrics.ejections.labels(up.name or up.url).inc()
             self.metrics.healthy.labels(up.name or up.url).set(0)
             log.warning("replica ejected after %d transport failures: %s", up.failures, up.url)

@@ -49,6 +49,13 @@ def add_workload_args(p) -> None:
                         "recognises agents by prompt fingerprint)")
     p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
                    help="per-request timeout")
+    p.add_argument("--prompt-format", choices=["ids", "text", "chat"], default="ids",
+                   help="ids: token ids to /v1/completions (default); text: text prompts; chat: "
+                        "/v1/chat/completions (engines with a tokenizer, e.g. `anchorage up "
+                        "--tiny-model chat`, or gateways that need text)")
+    p.add_argument("--tokenizer", default=None, metavar="DIR",
+                   help="model directory whose tokenizer measures text prompts (default: the "
+                        "stack's model when it has one, else ~4/3 tokens per word)")
 
 
 def register(sub) -> None:
@@ -81,7 +88,7 @@ def load_workload(args, block_size: int = 32):
         raise CLIError(f"cannot generate the workload: {exc}") from None
 
 
-def plan_options(args, workload, vocab: int, model: str = "tiny"):
+def plan_options(args, workload, vocab: int, model: str = "tiny", tokenizer: str | None = None):
     from anchorage.cli import CLIError
     from anchorage.drive.plan import PlanOptions
 
@@ -91,7 +98,9 @@ def plan_options(args, workload, vocab: int, model: str = "tiny"):
                        max_prompt_tokens=args.max_prompt_tokens,
                        max_output_tokens=args.max_output_tokens,
                        time_compression=args.time_compression, max_gap_s=args.max_gap,
-                       agent_hints=args.agent_hints, seed=args.seed, model=model)
+                       agent_hints=args.agent_hints, seed=args.seed, model=model,
+                       prompt_format=getattr(args, "prompt_format", "ids"),
+                       tokenizer=getattr(args, "tokenizer", None) or tokenizer)
 
 
 def run(args) -> int:
@@ -102,27 +111,32 @@ def run(args) -> int:
     router, engines = args.router_url, [u for u in args.engine_urls.split(",") if u.strip()]
     sidecars: list[str] = []
     vocab = 1024
+    tokenizer = None
     if args.stack:
         try:
             ep = json.loads(Path(args.stack).read_text())
             router, engines, sidecars = ep["router"], ep["engines"], ep.get("sidecars") or []
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise CLIError(f"--stack {args.stack}: not an endpoints file ({exc})") from None
-        from anchorage.stack.tiny_model import vocab_size
+        from anchorage.stack.tiny_model import has_tokenizer, vocab_size
         vocab = vocab_size(ep.get("model", ""))
+        if args.prompt_format != "ids" and has_tokenizer(ep.get("model", "")):
+            tokenizer = ep["model"]
     if not router.startswith(("http://", "https://")):
         raise CLIError(f"--router-url must be an http(s) URL, got {router!r}")
     from anchorage.stack.supervisor import http_ok
-    if not http_ok(router.rstrip("/") + "/healthz", timeout=5):
+    base = router.rstrip("/")
+    if not (http_ok(base + "/healthz", timeout=5) or http_ok(base + "/health", timeout=5)):
         from anchorage.cli import CommandFailed
 
-        raise CommandFailed(f"no healthy router at {router} (GET /healthz); is `anchorage up` "
-                            "running?")
+        raise CommandFailed(f"no healthy router at {router} (GET /healthz or /health); is "
+                            "`anchorage up` running?")
     wl = load_workload(args)
     if not wl.records:
         raise CLIError("the workload has no requests")
     print(f"workload: {wl.description}", flush=True)
-    summary, results = drive(router, wl, plan_options(args, wl, vocab, args.model), engines,
+    summary, results = drive(router, wl, plan_options(args, wl, vocab, args.model, tokenizer),
+                             engines,
                              args.concurrency, args.name, args.timeout,
                              node_agent_urls=sidecars, max_sessions=args.max_sessions)
     print()

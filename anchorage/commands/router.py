@@ -49,6 +49,14 @@ def register(sub) -> None:
                    help="model directory with tokenizer files: key text and chat prompts by tokens")
     p.add_argument("--vocab-size", type=int, default=0,
                    help="refuse token ids >= this (0: from --tokenizer, else unchecked)")
+    p.add_argument("--peers", default="",
+                   help="comma-separated URLs of other router pods (each its own Ray) to share "
+                        "routing decisions with (needs ANCHORAGE_INTERNAL_TOKEN)")
+    p.add_argument("--peer-selector", default="",
+                   help="label selector of the router's own Service Endpoints: the other "
+                        "router pods, found as --discovery kubernetes finds engines")
+    p.add_argument("--peer-port", type=int, default=8000, help="the router pods' port")
+    p.add_argument("--pod-id", default="", help="this pod's name (default: $POD_NAME, hostname)")
     p.add_argument("--print-config", action="store_true", help="validate, print the config, exit")
     p.set_defaults(func=run)
 
@@ -73,6 +81,8 @@ def make_config(args):
         config_file=args.config_file, config_dir=args.config_dir,
         num_replicas=args.num_replicas, ingress=args.ingress, tokenizer=args.tokenizer,
         vocab_size=args.vocab_size,
+        peers=[u.strip() for u in args.peers.split(",") if u.strip()],
+        peer_selector=args.peer_selector, peer_port=args.peer_port, pod_id=args.pod_id,
         trusted_token=os.environ.get("ANCHORAGE_INTERNAL_TOKEN", ""),
         tenant_secret=os.environ.get("ANCHORAGE_TENANT_SECRET", ""),
         upstream_api_key=os.environ.get("ANCHORAGE_UPSTREAM_API_KEY", ""))

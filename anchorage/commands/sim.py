@@ -136,23 +136,11 @@ def parse_params(items: list[str], *, scoped: bool) -> dict:
 
 def run(args) -> int:
     from anchorage.cli import CLIError
-    from anchorage.policies.registry import policy_names
     from anchorage.progress import progress_callback
     from anchorage.sim.replay import infinite_hit_rate, make_contexts, run_policies
     from anchorage.trace.format import TraceReader
 
-    names = [n.strip() for n in args.policies.split(",") if n.strip()]
-    known = policy_names()
-    bad = [n for n in names if n not in known]
-    if bad or not names:
-        raise CLIError(f"unknown policy {', '.join(bad) or '(none)'}; known: {', '.join(known)}")
-    if args.block_size is not None and args.block_size <= 0:
-        raise CLIError("--block-size must be positive")
-    params = parse_params(args.param, scoped=True)
-    if args.tiering != "off" and args.mode != "timed":
-        raise CLIError("--tiering needs --mode timed")
-    if args.mode == "sequential" and args.capacity_blocks is None and args.capacity_frac is None:
-        raise CLIError("one of --capacity-blocks or --capacity-frac is required")
+    names, params = _check_args(args)
     reader = TraceReader(args.trace, lenient=args.lenient, block_size=args.block_size)
     records = list(reader)
     bs = reader.block_size
@@ -160,16 +148,7 @@ def run(args) -> int:
         raise CLIError(f"{args.trace}: no requests")
     contexts = make_contexts(records, isolate_tenants=not args.shared_tenants)
     unique = len({k for c in contexts for k in c.keys})
-    if args.capacity_blocks is not None:
-        capacity = args.capacity_blocks
-    elif args.capacity_frac is None:
-        capacity = None  # timed mode: the profile's
-    else:
-        if not 0 < args.capacity_frac:
-            raise CLIError("--capacity-frac must be > 0")
-        capacity = max(1, round(unique * args.capacity_frac))
-    if capacity is not None and capacity <= 0:
-        raise CLIError("--capacity-blocks must be positive")
+    capacity = _capacity(args, unique)
     if args.mode == "timed":
         return run_timed_mode(args, records, contexts, bs, capacity, names, params, unique,
                               reader.skipped)
@@ -210,6 +189,43 @@ def run(args) -> int:
     return 0
 
 
+def _check_args(args) -> tuple[list[str], dict]:
+    """The policy names and their parameters; a clear error for each bad flag."""
+    from anchorage.cli import CLIError
+    from anchorage.policies.registry import policy_names
+
+    names = [n.strip() for n in args.policies.split(",") if n.strip()]
+    known = policy_names()
+    bad = [n for n in names if n not in known]
+    if bad or not names:
+        raise CLIError(f"unknown policy {', '.join(bad) or '(none)'}; known: {', '.join(known)}")
+    if args.block_size is not None and args.block_size <= 0:
+        raise CLIError("--block-size must be positive")
+    params = parse_params(args.param, scoped=True)
+    if args.tiering != "off" and args.mode != "timed":
+        raise CLIError("--tiering needs --mode timed")
+    if args.mode == "sequential" and args.capacity_blocks is None and args.capacity_frac is None:
+        raise CLIError("one of --capacity-blocks or --capacity-frac is required")
+    return names, params
+
+
+def _capacity(args, unique: int) -> int | None:
+    """Blocks per cache from --capacity-blocks or --capacity-frac (None: the profile's)."""
+    from anchorage.cli import CLIError
+
+    if args.capacity_blocks is not None:
+        capacity = args.capacity_blocks
+    elif args.capacity_frac is None:
+        return None  # timed mode: the profile's
+    else:
+        if not 0 < args.capacity_frac:
+            raise CLIError("--capacity-frac must be > 0")
+        capacity = max(1, round(unique * args.capacity_frac))
+    if capacity <= 0:
+        raise CLIError("--capacity-blocks must be positive")
+    return capacity
+
+
 def format_table(results: list[dict]) -> str:
     head = f"{'policy':<18}{'hit rate':>10}{'token hit':>11}{'hit blocks':>12}" \
            f"{'evictions':>11}{'us/req':>9}"
@@ -222,11 +238,47 @@ def format_table(results: list[dict]) -> str:
 
 def run_timed_mode(args, records, contexts, bs, capacity, names, params, unique,
                    skipped) -> int:
-    import time
-
-    from anchorage.cli import CLIError
-    from anchorage.sim.cluster import POOLED, TimedConfig, run_timed
     from anchorage.sim.replay import infinite_hit_rate
+
+    routers, router_params, tiering, profile, cfg = _timed_setup(args, contexts, records, bs,
+                                                                 capacity, names)
+    results = []
+    for router in routers:
+        results += _timed_runs(records, contexts, cfg, router, names, params, router_params,
+                               tiering, args.replicas)
+    out = {
+        "trace": args.trace, "mode": "timed", "profile": profile.name,
+        "profile_source": profile.source,
+        "calibration": args.calibration or (args.profile if profile.measured else None),
+        "arrivals": args.arrivals,
+        "admission": args.admission,
+        "tiering": args.tiering,
+        "replicas": args.replicas, "router": args.router, "block_size": bs,
+        "capacity_blocks": cfg.capacity, "requests": len(records), "unique_blocks": unique,
+        "infinite_hit_rate": infinite_hit_rate(contexts, bs), "skipped_lines": skipped,
+        "results": results,
+    }
+    if args.json:
+        sys.stdout.write(json.dumps(_clean(out)))
+        sys.stdout.write("\n")
+        return 0
+    print(f"trace {args.trace}: {len(records)} requests, block size {bs}, profile "
+          f"{profile.name} ({profile.source.partition(':')[0] or 'derived'}), "
+          f"{args.replicas} replicas x {cfg.capacity} blocks, {args.arrivals}-loop arrivals")
+    print(format_timed_table(results))
+    for r in results:
+        if "bytes_moved" in r:
+            print(f"{r['router']}/{r['policy']} tiering {args.tiering}: host hit rate "
+                  f"{r['host_hit_rate']:.2%}, {r['offloads']} offloads, {r['reloads']} reloads "
+                  f"{r['outcomes']}, {r['bytes_moved'] / 1e9:.1f} GB moved")
+    return 0
+
+
+def _timed_setup(args, contexts, records, bs, capacity, names):
+    """The routers, router parameters, tiering, profile and ``TimedConfig`` the flags ask
+    for (a clear error for each bad combination)."""
+    from anchorage.cli import CLIError
+    from anchorage.sim.cluster import POOLED, TimedConfig
 
     routers = [r.strip() for r in args.router.split(",") if r.strip()]
     known = router_choices()
@@ -257,59 +309,43 @@ def run_timed_mode(args, records, contexts, bs, capacity, names, params, unique,
                       "closed-loop arrivals reorder requests, so here it is a reference, not "
                       "an oracle (bench/timed_explore.py replayed-belady gives a closed-loop "
                       "estimate)", file=sys.stderr)
+    return routers, router_params, tiering, profile, cfg
+
+
+def _timed_runs(records, contexts, cfg, router, names, params, router_params, tiering,
+                replicas) -> list[dict]:
+    """One timed run per policy behind ``router``; Belady's gap where it is a reference."""
+    import time
+
+    from anchorage.cli import CLIError
+    from anchorage.sim.cluster import POOLED, run_timed
+
     results = []
-    for router in routers:
-        for name in names:
-            t0 = time.perf_counter()
-            try:
-                if tiering is not None:
-                    from anchorage.tiering.sim import run_tiered
-                    res = run_tiered(records, contexts, cfg, name, router, tiering=tiering,
-                                     policy_params=params.get(name),
-                                     router_params=router_params)
-                else:
-                    res = run_timed(records, contexts, cfg, name, router,
-                                    policy_params=params.get(name),
-                                    router_params=None if router == POOLED else router_params)
-            except (TypeError, ValueError) as exc:
-                raise CLIError(f"{router}/{name}: {exc}") from None
-            elapsed = time.perf_counter() - t0
-            res["us_per_request"] = elapsed / max(1, len(records)) * 1e6
-            res["oversize"] = res["rejected"]
-            results.append(res)
-        bel = [r for r in results if r["router"] == router and r["policy"] == "belady"]
-        # Belady ranks by the trace's next use: a reference only where one cache sees
-        # every request (one replica, or pooled); across replicas it is not an optimum
-        if bel and (router == POOLED or args.replicas == 1):
-            for r in results:
-                if r["router"] == router:
-                    r["belady_gap"] = bel[0]["hit_rate"] - r["hit_rate"]
-    out = {
-        "trace": args.trace, "mode": "timed", "profile": profile.name,
-        "profile_source": profile.source,
-        "calibration": args.calibration or (args.profile if profile.measured else None),
-        "arrivals": args.arrivals,
-        "admission": args.admission,
-        "tiering": args.tiering,
-        "replicas": args.replicas, "router": args.router, "block_size": bs,
-        "capacity_blocks": cfg.capacity, "requests": len(records), "unique_blocks": unique,
-        "infinite_hit_rate": infinite_hit_rate(contexts, bs), "skipped_lines": skipped,
-        "results": results,
-    }
-    if args.json:
-        sys.stdout.write(json.dumps(_clean(out)))
-        sys.stdout.write("\n")
-        return 0
-    print(f"trace {args.trace}: {len(records)} requests, block size {bs}, profile "
-          f"{profile.name} ({profile.source.partition(':')[0] or 'derived'}), "
-          f"{args.replicas} replicas x {cfg.capacity} blocks, {args.arrivals}-loop arrivals")
-    print(format_timed_table(results))
-    for r in results:
-        if "bytes_moved" in r:
-            print(f"{r['router']}/{r['policy']} tiering {args.tiering}: host hit rate "
-                  f"{r['host_hit_rate']:.2%}, {r['offloads']} offloads, {r['reloads']} reloads "
-                  f"{r['outcomes']}, {r['bytes_moved'] / 1e9:.1f} GB moved")
-    return 0
+    for name in names:
+        t0 = time.perf_counter()
+        try:
+            if tiering is not None:
+                from anchorage.tiering.sim import run_tiered
+                res = run_tiered(records, contexts, cfg, name, router, tiering=tiering,
+                                 policy_params=params.get(name),
+                                 router_params=router_params)
+            else:
+                res = run_timed(records, contexts, cfg, name, router,
+                                policy_params=params.get(name),
+                                router_params=None if router == POOLED else router_params)
+        except (TypeError, ValueError) as exc:
+            raise CLIError(f"{router}/{name}: {exc}") from None
+        elapsed = time.perf_counter() - t0
+        res["us_per_request"] = elapsed / max(1, len(records)) * 1e6
+        res["oversize"] = res["rejected"]
+        results.append(res)
+    bel = [r for r in results if r["policy"] == "belady"]
+    # Belady ranks by the trace's next use: a reference only where one cache sees
+    # every request (one replica, or pooled); across replicas it is not an optimum
+    if bel and (router == POOLED or replicas == 1):
+        for r in results:
+            r["belady_gap"] = bel[0]["hit_rate"] - r["hit_rate"]
+    return results
 
 
 def resolve_profile(args):

@@ -31,6 +31,10 @@ def add_stack_args(p, *, with_policy: bool = True) -> None:
     p.add_argument("--model", default=None,
                    help="model directory for the engines (default: a generated tiny Llama "
                         "with dummy weights)")
+    p.add_argument("--tiny-model", choices=["ids", "chat"], default="ids",
+                   help="the generated model: ids (token-id prompts only; default) or chat (a "
+                        "real tokenizer and chat template: text and chat requests, the router "
+                        "keys them by tokens)")
     p.add_argument("--prometheus", choices=["auto", "off"], default="auto",
                    help="auto: start a local Prometheus when the binary exists (default)")
     p.add_argument("--base-port", type=int, default=0,
@@ -67,6 +71,7 @@ def stack_config(args, policy: str | None = None, router: str | None = None):
         raise CLIError(f"--router-params is not valid JSON: {exc}") from None
     cfg = StackConfig(engines=args.engines, policy=policy or args.policy,
                       router=router or args.router, router_params=params, model=args.model,
+                      tiny_model=getattr(args, "tiny_model", "ids"),
                       prometheus=args.prometheus, base_port=args.base_port,
                       workdir=args.workdir, kv_blocks=args.kv_blocks, block_size=args.block_size,
                       warmup=not args.no_warmup, cpu=not args.gpu,

@@ -23,6 +23,13 @@ Specification
   a slot frees)``, in trace order. Compressing the trace's clock otherwise makes every
   session overlap, which no real fleet of agent runs does.
 * **Output.** ``max_tokens = clamp(output_length, 1, max_output_tokens)``.
+* **Prompt format** (``prompt_format``): ``ids`` (default) sends the token ids to
+  ``/v1/completions``; ``text`` sends text to ``/v1/completions`` and ``chat`` one user
+  message to ``/v1/chat/completions``, for engines with a tokenizer (and gateways that
+  need text, e.g. ``smg``). Each block id then maps to ``block_size * 3 // 4``
+  deterministic words (``TextBlocks``: about a block of tokens), so equal ids are equal
+  text and the trace's sharing is kept; prompts are cut to ``max_prompt_tokens``
+  measured in words x 4/3, or in tokens when a ``tokenizer`` directory is given.
 """
 
 from __future__ import annotations
@@ -46,6 +53,16 @@ class PlanOptions:
     agent_hints: bool = False
     seed: int = 0
     model: str = "tiny"
+    prompt_format: str = "ids"      # ids | text | chat
+    tokenizer: str | None = None    # model dir: measure text prompts in its tokens
+
+    def __post_init__(self) -> None:
+        if self.prompt_format not in PROMPT_FORMATS:
+            raise ValueError(f"prompt format must be one of {', '.join(PROMPT_FORMATS)}, "
+                             f"not {self.prompt_format!r}")
+
+
+PROMPT_FORMATS = ("ids", "text", "chat")
 
 
 @dataclass
@@ -56,6 +73,7 @@ class PlannedRequest:
     body: dict[str, Any]
     headers: dict[str, str]
     agent: str | None = None
+    path: str = "/v1/completions"
 
 
 @dataclass
@@ -97,14 +115,78 @@ class TokenBlocks:
         return out[:max(1, n)]
 
 
+class TextBlocks:
+    """Deterministic text per (tenant, block id): ``block_size * 3 // 4`` words."""
+
+    WORDS = ("agent tool call result plan step task file code test review search answer "
+             "question system user reply function argument error value list read edit run "
+             "build check summary report data model cache prefix session the of and to in "
+             "is you that it for are as with on be this have from or one by word not what "
+             "all we when your can there use an each which do how their if will up other "
+             "about out many then them these so some would make like into time has look "
+             "two more write go see number no way could people my than first water").split()
+
+    def __init__(self, block_size: int, seed: int = 0, tokenizer: str | None = None) -> None:
+        self.words_per_block = max(1, block_size * 3 // 4)
+        self.seed = seed
+        self._memo: dict[tuple[str, int], str] = {}
+        self._tok = None
+        if tokenizer:
+            from transformers import AutoTokenizer
+            self._tok = AutoTokenizer.from_pretrained(tokenizer, local_files_only=True)
+
+    def block(self, tenant: str, bid: int) -> str:
+        key = (tenant, bid)
+        got = self._memo.get(key)
+        if got is None:
+            rng = random.Random(f"anchorage-drive-text:{self.seed}:{tenant}:{bid}")
+            got = " ".join(rng.choice(self.WORDS) for _ in range(self.words_per_block)) + " "
+            self._memo[key] = got
+        return got
+
+    def prompt(self, rec: TraceRecord, limit: int) -> str:
+        tenant = rec.tenant or ""
+        ids = list(rec.hash_ids) or [-1]
+        text = ""
+        for bid in ids:
+            if self._length(text) >= min(rec.input_length, limit):
+                break
+            text += self.block(tenant, bid)
+        return self._cut(text, min(rec.input_length, limit))
+
+    def _length(self, text: str) -> int:
+        if self._tok is not None:
+            return len(self._tok.encode(text, add_special_tokens=False))
+        return len(text.split()) * 4 // 3
+
+    def _cut(self, text: str, limit: int) -> str:
+        words = text.split()
+        while words and self._length(" ".join(words)) > limit:
+            words = words[: max(1, int(len(words) * 0.9))] if len(words) > 1 else []
+        return " ".join(words) or "hello"
+
+
+def _prompt_fields(opts: "PlanOptions", text: "TextBlocks | None", blocks: TokenBlocks,
+                   rec: TraceRecord) -> tuple[str, dict[str, Any]]:
+    if opts.prompt_format == "ids":
+        return "/v1/completions", {"prompt": blocks.prompt(rec, opts.max_prompt_tokens)}
+    prompt = text.prompt(rec, opts.max_prompt_tokens)
+    if opts.prompt_format == "text":
+        return "/v1/completions", {"prompt": prompt}
+    return "/v1/chat/completions", {"messages": [{"role": "user", "content": prompt}]}
+
+
 def plan(records: Iterable[TraceRecord], opts: PlanOptions = PlanOptions()) -> list[SessionPlan]:
     blocks = TokenBlocks(opts.block_size, opts.vocab, opts.seed)
+    text = (TextBlocks(opts.block_size, opts.seed, opts.tokenizer)
+            if opts.prompt_format != "ids" else None)
     sessions: dict[str, SessionPlan] = {}
     last_ts: dict[str, float] = {}
     for i, rec in enumerate(records):
         sid = rec.session_id if rec.session_id is not None else f"req-{i}"
+        path, fields = _prompt_fields(opts, text, blocks, rec)
         body: dict[str, Any] = {
-            "model": opts.model, "prompt": blocks.prompt(rec, opts.max_prompt_tokens),
+            "model": opts.model, **fields,
             "max_tokens": max(1, min(rec.output_length, opts.max_output_tokens)),
             "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True},
         }
@@ -128,7 +210,7 @@ def plan(records: Iterable[TraceRecord], opts: PlanOptions = PlanOptions()) -> l
         else:
             delay = min(opts.max_gap_s, max(0.0, ts - last_ts[sid]))
         last_ts[sid] = ts
-        sp.requests.append(PlannedRequest(i, sid, delay, body, headers, rec.agent))
+        sp.requests.append(PlannedRequest(i, sid, delay, body, headers, rec.agent, path))
     return sorted(sessions.values(), key=lambda s: s.start_s)
 
 

@@ -33,7 +33,8 @@ class Result:
         return asdict(self)
 
 
-async def _one(client, url: str, req: PlannedRequest, t0: float, timeout_s: float) -> Result:
+async def _one(client, base: str, req: PlannedRequest, t0: float, timeout_s: float) -> Result:
+    url = base + req.path
     sent = time.monotonic()
     status, err, ttft = 0, None, None
     usage: dict = {}
@@ -80,7 +81,7 @@ async def replay(base_url: str, sessions: list[SessionPlan], concurrency: int = 
     ``max(its start time, when a slot frees)`` (agent runs in flight, not arrivals)."""
     import httpx
 
-    url = base_url.rstrip("/") + "/v1/completions"
+    url = base_url.rstrip("/")
     sem = asyncio.Semaphore(max(1, concurrency))
     results: list[Result] = []
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)

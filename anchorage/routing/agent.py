@@ -89,13 +89,14 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from operator import attrgetter
 from typing import Hashable, Sequence
 
 from anchorage.policies.base import RequestContext
 from anchorage.routing.base import ReplicaView, Router, healthy_positions
 from anchorage.routing.bounded import BoundedLRU
 from anchorage.routing.keys import agent_id
-from anchorage.routing.load import TOKENS_PER_REQUEST, load_score, overloaded
+from anchorage.routing.load import TOKENS_PER_REQUEST, load_scores, overloaded
 from anchorage.routing.prefix_index import PrefixIndex
 
 _REBASE_HALF_LIVES = 64.0
@@ -112,12 +113,13 @@ def agent_label(a: Hashable) -> str:
     return "empty"
 
 
-class _Agent:
-    __slots__ = ("scaled", "members")
-
-    def __init__(self) -> None:
-        self.scaled = 0.0               # L_a(t) * 2^((t - epoch) / half_life)
-        self.members: list[int] = []    # P_a, in order of placement
+#: one agent's state in the table: ``(scaled load, members)``, a float and a tuple of
+#: replica ids. Plain tuples of scalars, not objects: CPython's cycle collector untracks
+#: such tuples, so the agent and thread tables (100k+ entries) hold nothing it has to
+#: walk, and a decision never pays for a collection over them.
+_NEW = (0.0, ())
+_INDEX_CAPACITY = attrgetter("index", "capacity_blocks")
+_EXTRA = attrgetter("extra")
 
 
 class AgentRouter(Router):
@@ -153,7 +155,7 @@ class AgentRouter(Router):
         self._now = 0.0
         self._total = 0.0                               # sum of all records, scaled
         self._commit: dict[int, float] = defaultdict(float)   # C_r, scaled
-        self.agents = BoundedLRU(max_agents, max_table_bytes,       # agent -> _Agent
+        self.agents = BoundedLRU(max_agents, max_table_bytes,       # agent -> (scaled, members)
                                  on_evict=lambda a, st: self._drop(st))
         self.sessions = BoundedLRU(max_sessions, max_table_bytes)  # thread -> replica
         self.index = PrefixIndex(capacity_blocks)
@@ -165,7 +167,7 @@ class AgentRouter(Router):
     @property
     def placement(self) -> dict[Hashable, list[int]]:
         """Agent -> replicas holding its anchor (read-only view)."""
-        return {a: st.members for a, st in self.agents.items() if st.members}
+        return {a: list(m) for a, (_, m) in self.agents.items() if m}
 
     # -- load bookkeeping (scaled: every load decays by the same factor) -------------
     def _scale(self, now: float) -> float:
@@ -175,8 +177,9 @@ class AgentRouter(Router):
         x = (now - self._epoch) / self.half_life_s
         if x > _REBASE_HALF_LIVES:
             f = 2.0 ** -x
-            for st in self.agents.values():
-                st.scaled *= f
+            put = self.agents.replace
+            for a, (scaled, m) in list(self.agents.items()):
+                put(a, (scaled * f, m))
             for r in self._commit:
                 self._commit[r] *= f
             self._total *= f
@@ -184,23 +187,25 @@ class AgentRouter(Router):
             x = 0.0
         return 2.0 ** x
 
-    def _load_of(self, st: _Agent, now: float) -> float:
-        return st.scaled / self._scale(now)
-
-    def _set_members(self, st: _Agent, members: list[int]) -> None:
-        old = st.members
-        if old:
-            share = st.scaled / len(old)
-            for r in old:
-                self._commit[r] -= share
-        st.members = members
+    def _commit_add(self, scaled: float, members: Sequence[int], sign: float) -> None:
         if members:
-            share = st.scaled / len(members)
+            share = sign * scaled / len(members)
+            commit = self._commit
             for r in members:
-                self._commit[r] += share
+                commit[r] += share
 
-    def _drop(self, st: _Agent) -> None:
-        self._set_members(st, [])       # its records stay in the fleet's total
+    def _set_members(self, a: Hashable, members: Sequence[int]) -> None:
+        st = self.agents.get(a)
+        if st is None:
+            return
+        scaled, old = st
+        self._commit_add(scaled, old, -1.0)
+        members = tuple(members)
+        self._commit_add(scaled, members, 1.0)
+        self.agents.replace(a, (scaled, members))
+
+    def _drop(self, st: tuple) -> None:
+        self._commit_add(st[0], st[1], -1.0)   # its records stay in the fleet's total
 
     def _forget(self, a: Hashable) -> None:
         st = self.agents.pop(a)
@@ -212,29 +217,27 @@ class AgentRouter(Router):
         scale = self._scale(now)
         for _ in range(budget):
             old = self.agents.oldest()
-            if old is None or old[1].scaled / scale >= self.min_agent_load:
+            if old is None or old[1][0] / scale >= self.min_agent_load:
                 return
             self._forget(old[0])
 
-    def _record(self, a: Hashable, now: float) -> tuple[_Agent, float]:
+    def _record(self, a: Hashable, now: float) -> tuple[tuple, float]:
+        """Count one request of ``a``: its (scaled load, members) and its load."""
         scale = self._scale(now)
         st = self.agents.get(a)
-        if st is not None and st.scaled / scale < self.min_agent_load:
+        if st is not None and st[0] / scale < self.min_agent_load:
             self._forget(a)             # decayed away: placed afresh
             st = None
-        if st is None:
-            st = _Agent()
-            self.agents[a] = st
-        else:
+        scaled, members = st if st is not None else _NEW
+        self._commit_add(scale, members, 1.0)
+        st = (scaled + scale, members)
+        if a in self.agents:
             self.agents.touch(a)
-        members = st.members
-        if members:
-            share = scale / len(members)
-            for r in members:
-                self._commit[r] += share
-        st.scaled += scale
+            self.agents.replace(a, st)
+        else:
+            self.agents[a] = st
         self._total += scale
-        return st, st.scaled / scale
+        return st, st[0] / scale
 
     def _target(self, a_load: float, now: float, n: int) -> int:
         total = max(self._total / self._scale(now), 1e-12)
@@ -249,14 +252,16 @@ class AgentRouter(Router):
     def pick(self, ctx: RequestContext, replicas: Sequence[ReplicaView]) -> int:
         pos = healthy_positions(replicas)
         at = {replicas[p].index: p for p in pos}
-        caps = [(r.index, r.capacity_blocks) for r in replicas]
+        caps = list(map(_INDEX_CAPACITY, replicas))
         if caps != self._caps:
             self._caps = caps
             for i, c in caps:
                 self.index.set_capacity(i, c or self._capacity)
         tpr = self.tokens_per_request
-        load = {p: load_score(replicas[p], 1.0, tpr) for p in pos}
-        mean = sum(load.values()) / len(pos)
+        load = load_scores(replicas, 1.0, tpr)          # by position
+        every = len(pos) == len(replicas)
+        mean = (sum(load) if every else sum(load[p] for p in pos)) / len(pos)
+        lightest = min(load) if every else min(load[p] for p in pos)
 
         def over(p: int) -> bool:
             return (overloaded(load[p], mean, self.spill_ratio, self.spill_abs)
@@ -271,7 +276,6 @@ class AgentRouter(Router):
 
         keys = ctx.keys
         tpk = ctx.input_length / len(keys) if keys and tpr > 0 else 0.0
-        lightest = min(load.values())
         if skey is not None:
             r = self.sessions.get(skey)
             p = at.get(r) if r is not None else None
@@ -283,10 +287,10 @@ class AgentRouter(Router):
                 self.decisions["thread"] += 1
                 return p
 
-        members = [r for r in st.members if r in at]
+        members = [r for r in st[1] if r in at]
         target = self._target(a_load, now, len(pos))
         if len(members) < target:
-            self._grow(ctx, members, target, replicas, pos, now, load)
+            self._grow(ctx, members, target, replicas, pos, now, load, at)
         elif len(members) > target + 1:
             del members[target + 1:]
 
@@ -309,46 +313,53 @@ class AgentRouter(Router):
                 members.append(replicas[choice].index)
                 self.spills += 1
             self.decisions["spill"] += 1
-        self._set_members(st, members)
+        self._set_members(a, members)
         if skey is not None:
             self._bind(skey, replicas[choice].index)
         return choice
 
     def _grow(self, ctx: RequestContext, members: list[int], target: int,
               replicas: Sequence[ReplicaView], pos: list[int], now: float,
-              load: dict[int, float]) -> None:
-        label = agent_label(agent_id(ctx, self.anchor_blocks))
-        anchor = list(ctx.keys[: self.anchor_blocks])
-        scale = self._scale(now)
-        prefix_labels: set[str] | None = None
-
-        def reports_anchor(r: ReplicaView) -> bool:
-            # A replica's policy may fingerprint anchors differently (e.g. a learned anchor
-            # length): any "fp:" label naming a key of this request's prefix is a shared
-            # anchor, since a chained key stands for its whole prefix.
-            nonlocal prefix_labels
-            labels = r.extra.get("anchors", ())
-            if not labels:
-                return False
-            if label in labels:
-                return True
-            if prefix_labels is None:
-                prefix_labels = {agent_label(("fp", k)) for k in ctx.keys[:512]}
-            return not prefix_labels.isdisjoint(labels)
-        held = self.index.match(anchor) if anchor else {}
+              load: Sequence[float], at: dict[int, int]) -> None:
+        anchor = ctx.keys[: self.anchor_blocks]
         need = len(anchor)
-        inv = 1.0 / scale
+        held = self.index.match(anchor) if anchor else {}
+        holders = {i for i, m in held.items() if m == need} if need else set()
+        if any(map(_EXTRA, replicas)):
+            holders |= self._reporting(ctx, replicas, pos)
+        q = 1e6 / self._scale(now)          # committed load, compared to 1e-6 of a request
         commit = self._commit.get
-        labelled = any(replicas[p].extra.get("anchors") for p in pos)
+        taken = set(members)
         while len(members) < target:
             # (holds the anchor first, then least committed load, then least load)
-            ranked = [(not ((need and held.get(i, 0) == need)
-                            or (labelled and reports_anchor(replicas[p]))),
-                       round(commit(i, 0.0) * inv, 6), load[p], p)
-                      for p in pos for i in (replicas[p].index,) if i not in members]
+            ranked = [(i not in holders, int(commit(i, 0.0) * q), load[p], i)
+                      for i, p in at.items() if i not in taken]
             if not ranked:
                 return
-            members.append(replicas[min(ranked)[3]].index)
+            i = min(ranked)[3]
+            members.append(i)
+            taken.add(i)
+
+    def _reporting(self, ctx: RequestContext, replicas: Sequence[ReplicaView],
+                   pos: list[int]) -> set[int]:
+        """Replicas whose own policy reports this request's anchor (``extra["anchors"]``).
+        A replica's policy may fingerprint anchors differently (e.g. a learned anchor
+        length): any "fp:" label naming a key of this request's prefix is a shared
+        anchor, since a chained key stands for its whole prefix."""
+        label = agent_label(agent_id(ctx, self.anchor_blocks))
+        prefix_labels: set[str] | None = None
+        out = set()
+        for p in pos:
+            labels = replicas[p].extra.get("anchors", ())
+            if not labels:
+                continue
+            if label not in labels:
+                if prefix_labels is None:
+                    prefix_labels = {agent_label(("fp", k)) for k in ctx.keys[:512]}
+                if prefix_labels.isdisjoint(labels):
+                    continue
+            out.add(replicas[p].index)
+        return out
 
     # -- notifications ----------------------------------------------------------------
     def on_start(self, ctx: RequestContext, replica: int) -> None:
@@ -358,17 +369,17 @@ class AgentRouter(Router):
         """Another router sent ``ctx`` to ``replica``: follow its decision."""
         a = agent_id(ctx, self.anchor_blocks)
         st, _ = self._record(a, ctx.now_s)
-        if replica not in st.members:
-            self._set_members(st, st.members + [replica])
+        if replica not in st[1]:
+            self._set_members(a, st[1] + (replica,))
         if ctx.session_id is not None:
             self._bind((ctx.tenant, ctx.session_id, a), replica)
         self.index.insert(replica, ctx.keys)
 
     def on_replica_removed(self, replica: int) -> None:
         self.index.clear(replica)
-        for st in self.agents.values():
-            if replica in st.members:
-                self._set_members(st, [r for r in st.members if r != replica])
+        for a, (_, m) in list(self.agents.items()):
+            if replica in m:
+                self._set_members(a, [r for r in m if r != replica])
         self._commit.pop(replica, None)
 
     def predicted_hit_blocks(self, ctx: RequestContext, replica: int) -> int:

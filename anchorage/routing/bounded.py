@@ -59,6 +59,11 @@ class BoundedLRU:
     def touch(self, key: Hashable) -> None:
         self._d.move_to_end(key)
 
+    def replace(self, key: Hashable, value: Any) -> None:
+        """Set the value of an entry already held, keeping its place in the LRU order."""
+        if key in self._d:
+            self._d[key] = value
+
     def __getitem__(self, key: Hashable) -> Any:
         return self._d[key]
 

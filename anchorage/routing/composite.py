@@ -7,16 +7,8 @@ is the caller's job). (2) Each scorer returns a score in [0, 1] per remaining re
 total, ties broken at random) or ``weighted_random`` (probability proportional to total).
 
 Filters: ``healthy``; ``overload`` (``max_load`` 64 running+waiting, ``max_kv_usage`` 0.95).
-Scorers:
-- ``queue``: ``1 - (load_r - min) / (max - min)`` (1 for all when equal).
-- ``waiting_queue``: the same over ``waiting_r`` alone (the Gateway API inference
-  extension's ``queue-scorer``, on vLLM's waiting-queue size).
-- ``kv_usage``: ``1 - kv_usage_r``.
-- ``prefix``: ``m_r / len(keys)`` over the router's prefix model (``capacity_blocks``).
-- ``precise_prefix``: the same over the replicas' KV events.
-- ``session``: 1 for the replica that served the request's session last, else 0
-  (``max_sessions`` 200_000, ``max_table_bytes`` 64 MiB: an LRU bounded in both).
-- ``anchor``: 1 if the replica reports the request's agent in ``extra["anchors"]``.
+Scorers: one per file in ``anchorage.routing.scorers`` (``queue``, ``waiting_queue``,
+``kv_usage``, ``prefix``, ``precise_prefix``, ``session``, ``anchor``), each with its formula.
 
 Configuration: ``filters`` (list of names or ``{"name": ..., **params}``; default
 ``["healthy", "overload"]``), ``scorers`` (``{name: weight}`` or a list of
@@ -30,14 +22,10 @@ import random
 from typing import Any, Callable, Sequence
 
 from anchorage.policies.base import RequestContext
-from anchorage.routing.agent import agent_label
 from anchorage.routing.base import ReplicaView, Router, healthy_positions
-from anchorage.routing.bounded import BoundedLRU
-from anchorage.routing.keys import agent_id
-from anchorage.routing.load import load_score
-from anchorage.routing.prefix_index import PrefixIndex
+from anchorage.routing.scorers import SCORERS, Positions, Scorer, make_scorer
 
-Positions = list[int]
+__all__ = ["CompositeRouter", "FILTERS", "PICKERS", "SCORERS"]
 
 
 # -- filters ------------------------------------------------------------------------------
@@ -52,99 +40,6 @@ def overload_filter(max_load: int = 64, max_kv_usage: float = 0.95) -> Callable:
 
 FILTERS: dict[str, Callable[..., Callable]] = {"healthy": healthy_filter,
                                                "overload": overload_filter}
-
-
-# -- scorers ------------------------------------------------------------------------------
-class Scorer:
-    def score(self, ctx: RequestContext, reps: Sequence[ReplicaView], pos: Positions) -> list[float]:
-        raise NotImplementedError
-
-    def on_start(self, ctx: RequestContext, replica: int) -> None:
-        pass
-
-    def on_kv_event(self, replica: int, event: Any) -> None:
-        pass
-
-    def on_replica_removed(self, replica: int) -> None:
-        pass
-
-
-class QueueScorer(Scorer):
-    def score(self, ctx, reps, pos):
-        loads = [load_score(reps[p]) for p in pos]
-        lo, hi = min(loads), max(loads)
-        return [1.0] * len(pos) if hi == lo else [1 - (x - lo) / (hi - lo) for x in loads]
-
-
-class WaitingQueueScorer(Scorer):
-    def score(self, ctx, reps, pos):
-        q = [reps[p].waiting for p in pos]
-        lo, hi = min(q), max(q)
-        return [1.0] * len(pos) if hi == lo else [(hi - x) / (hi - lo) for x in q]
-
-
-class KVUsageScorer(Scorer):
-    def score(self, ctx, reps, pos):
-        return [1.0 - min(1.0, max(0.0, reps[p].kv_usage)) for p in pos]
-
-
-class PrefixScorer(Scorer):
-    def __init__(self, capacity_blocks: int = 100_000, from_events: bool = False) -> None:
-        self.from_events = from_events
-        self.index = PrefixIndex(None if from_events else capacity_blocks)
-        self._capacity = capacity_blocks
-
-    def score(self, ctx, reps, pos):
-        keys = ctx.keys
-        if not keys:
-            return [0.0] * len(pos)
-        if not self.from_events:
-            for p in pos:
-                self.index.set_capacity(reps[p].index, reps[p].capacity_blocks or self._capacity)
-        m = self.index.match(keys)
-        return [m.get(reps[p].index, 0) / len(keys) for p in pos]
-
-    def on_start(self, ctx, replica):
-        if not self.from_events:
-            self.index.insert(replica, ctx.keys)
-
-    def on_kv_event(self, replica, event):
-        if self.from_events:
-            self.index.apply_event(replica, event)
-
-    def on_replica_removed(self, replica):
-        self.index.clear(replica)
-
-
-class SessionScorer(Scorer):
-    def __init__(self, max_sessions: int = 200_000, max_table_bytes: int = 64 << 20) -> None:
-        self.max_sessions = max_sessions
-        self.last = BoundedLRU(max_sessions, max_table_bytes)
-
-    def score(self, ctx, reps, pos):
-        r = self.last.get((ctx.tenant, ctx.session_id)) if ctx.session_id is not None else None
-        return [1.0 if reps[p].index == r else 0.0 for p in pos]
-
-    def on_start(self, ctx, replica):
-        if ctx.session_id is not None:
-            self.last[(ctx.tenant, ctx.session_id)] = replica
-
-
-class AnchorScorer(Scorer):
-    def __init__(self, anchor_blocks: int = 4) -> None:
-        self.anchor_blocks = anchor_blocks
-
-    def score(self, ctx, reps, pos):
-        label = agent_label(agent_id(ctx, self.anchor_blocks))
-        return [1.0 if label in reps[p].extra.get("anchors", ()) else 0.0 for p in pos]
-
-
-SCORERS: dict[str, Callable[..., Scorer]] = {
-    "queue": QueueScorer, "waiting_queue": WaitingQueueScorer, "kv_usage": KVUsageScorer,
-    "prefix": PrefixScorer,
-    "precise_prefix": lambda **kw: PrefixScorer(from_events=True, **kw),
-    "session": SessionScorer, "anchor": AnchorScorer,
-}
 
 
 # -- pickers ------------------------------------------------------------------------------
@@ -195,7 +90,7 @@ class CompositeRouter(Router):
         for it in items:
             name, params = _spec(it)
             weight = float(it.get("weight", 1.0)) if isinstance(it, dict) else 1.0
-            self.scorers.append((weight, _build(SCORERS, "scorer", name, params)))
+            self.scorers.append((weight, make_scorer(name, **params)))
         if not self.scorers:
             raise ValueError("a composite router needs at least one scorer")
         if picker not in PICKERS:
@@ -229,8 +124,9 @@ class CompositeRouter(Router):
 
     def predicted_hit_blocks(self, ctx, replica):
         for _, s in self.scorers:
-            if isinstance(s, PrefixScorer):
-                return s.index.match_len(replica, ctx.keys)
+            got = s.predicted_hit_blocks(ctx, replica)
+            if got is not None:
+                return got
         return 0
 
 

@@ -9,6 +9,7 @@
   queued request per 2,048 prompt tokens still to prefill); KV usage breaks near-ties and
   counts when queues are empty. ``tokens_per_request = 0`` ignores queued tokens (the
   request-count signal alone).
+- ``load_scores(replicas, ...)``: the same for every replica, by position.
 - ``is_imbalanced(loads, abs_t, rel_t)``: SGLang's cache-aware router predicate:
   ``max - min > abs_t and max > rel_t * min``. When it holds, cache affinity yields to load.
 - ``overloaded(load, mean, ratio, abs_t)``: ``load > ratio * mean + abs_t`` (spill rule).
@@ -29,6 +30,17 @@ def load_score(r: ReplicaView, kv_weight: float = 1.0,
     if tokens_per_request > 0 and r.queued_tokens:
         s += r.queued_tokens / tokens_per_request
     return s
+
+
+def load_scores(replicas: Sequence[ReplicaView], kv_weight: float = 1.0,
+                tokens_per_request: float = TOKENS_PER_REQUEST) -> list[float]:
+    """``load_score`` of every replica, by position (one pass, for routers that compare
+    every replica on each decision)."""
+    if tokens_per_request > 0:
+        t = tokens_per_request
+        return [r.running + r.waiting + kv_weight * r.kv_usage + r.queued_tokens / t
+                for r in replicas]
+    return [r.running + r.waiting + kv_weight * r.kv_usage for r in replicas]
 
 
 def is_imbalanced(loads: Sequence[float], abs_t: float, rel_t: float) -> bool:

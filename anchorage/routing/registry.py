@@ -15,7 +15,7 @@ from typing import Any
 from anchorage.routing.base import Router
 
 _ROUTERS: dict[str, Callable[..., Router]] = {}
-_NOT_ROUTERS = {"base", "registry", "events", "keys", "load", "prefix_index", "metadata", "bounded",
+_NOT_ROUTERS = {"base", "registry", "scorers", "events", "keys", "load", "prefix_index", "metadata", "bounded",
                 "vllm_events", "analysis", "oracle"}
 
 

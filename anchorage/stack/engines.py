@@ -33,7 +33,8 @@ class EngineSpec:
     kv_blocks: int = 512               # num_gpu_blocks_override (0: vLLM sizes the pool)
     kv_cache_bytes: int = 64 << 20
     max_model_len: int = 0             # 0: (kv_blocks // 2) * block_size
-    dummy: bool = True                 # dummy weights, no tokenizer (the tiny model)
+    dummy: bool = True                 # dummy weights (the tiny model)
+    tokenizer: bool = False            # the model directory has a tokenizer (tiny "chat")
     cpu: bool = True                   # CPU build: eager mode, one OpenMP thread
     warmup: bool = True                # node-agent warm-ups
 
@@ -67,7 +68,9 @@ def engine_command(spec: EngineSpec, base_env: dict[str, str]) -> tuple[list[str
             "--kv-events-config", json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
                                               "endpoint": spec.kv_endpoint, "topic": "kv"})]
     if spec.dummy:
-        argv += ["--load-format", "dummy", "--skip-tokenizer-init"]
+        argv += ["--load-format", "dummy"]
+        if not spec.tokenizer:
+            argv.append("--skip-tokenizer-init")
     if spec.cpu:
         argv.append("--enforce-eager")
     if spec.kv_blocks:   # a fixed, small pool (the tiny model): eviction decides hit rates

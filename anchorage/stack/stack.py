@@ -28,7 +28,7 @@ from anchorage.stack import prometheus as prom
 from anchorage.stack import ray_loopback
 from anchorage.stack.restart import AUX, ENGINE, ROUTER, RestartPolicy, can_serve
 from anchorage.stack.supervisor import StartError, Supervisor, describe_exit, http_ok
-from anchorage.stack.tiny_model import vocab_size, write_tiny_model
+from anchorage.stack.tiny_model import vocab_size, write_model
 
 POLICIES_OFF = ("off", "stock", "none")
 # a health check's own timeout: a busy 2-core machine answers slowly, and a restarted piece
@@ -43,6 +43,7 @@ class StackConfig:
     router: str = "agent"              # routing policy
     router_params: dict = field(default_factory=dict)
     model: str | None = None           # None: generated tiny Llama, dummy weights
+    tiny_model: str = "ids"            # its flavour: ids (token-id prompts) | chat (tokenizer)
     prometheus: str = "auto"           # auto | off
     base_port: int = 0
     workdir: str | None = None
@@ -71,6 +72,12 @@ class StackConfig:
         if self.router not in router_names():
             raise ValueError(f"unknown router policy {self.router!r}; known: "
                              + ", ".join(router_names()))
+        from anchorage.stack.tiny_model import FLAVOURS
+        if self.tiny_model not in FLAVOURS:
+            raise ValueError(f"--tiny-model must be one of {', '.join(FLAVOURS)}, "
+                             f"not {self.tiny_model!r}")
+        if self.model is not None and self.tiny_model != "ids":
+            raise ValueError("--tiny-model chooses the generated model: not with --model")
         if self.model is not None and not Path(self.model).exists():
             raise ValueError(f"--model {self.model}: no such directory")
         return self
@@ -145,7 +152,9 @@ class Stack:
             if not portmod.is_free(port):
                 raise StartError(f"port {port} ({name}) is already in use on 127.0.0.1; "
                                  "pick another --base-port")
-        model = cfg.model or str(write_tiny_model(self.workdir / "tiny-llama"))
+        chat = cfg.model is None and cfg.tiny_model == "chat"
+        model = cfg.model or str(write_model(self.workdir / ("tiny-chat" if chat else "tiny-llama"),
+                                             cfg.tiny_model))
         dummy = cfg.model is None
         base_env = dict(os.environ)
         base_env.setdefault("PYTHONUNBUFFERED", "1")
@@ -158,9 +167,10 @@ class Stack:
                 index=i, port=ports.engines[i], sidecar_port=ports.sidecars[i], model=model,
                 workdir=wd, policy="off" if cfg.policy in POLICIES_OFF else cfg.policy,
                 block_size=cfg.block_size, kv_blocks=cfg.kv_blocks if dummy else 0,
-                dummy=dummy, cpu=cfg.cpu, warmup=cfg.warmup))
+                dummy=dummy, tokenizer=chat, cpu=cfg.cpu, warmup=cfg.warmup))
+        tiny = ", tiny Llama with dummy weights" + (" and a tokenizer" if chat else "")
         say(f"starting {cfg.engines} vLLM engine(s) (policy {cfg.policy}"
-            f"{', tiny Llama with dummy weights' if dummy else ', model ' + model}) ...")
+            f"{tiny if dummy else ', model ' + model}) ...")
         self._start_engines(specs, base_env, say)
         router_url = self._start_router(specs, ports.router, dummy, base_env, say)
         prom_url = None
@@ -209,6 +219,7 @@ class Stack:
             "policy_params": cfg.router_params, "block_size": cfg.block_size,
             "health_interval_s": 1.0, "model": "tiny" if dummy else None,
             "vocab_size": vocab_size(specs[0].model) if dummy else 0,
+            "tokenizer": specs[0].model if specs[0].tokenizer else "",
             "kv_events": ({s.url: s.kv_endpoint for s in specs}
                           if cfg.router == "precise_prefix" else {})}}
         if self._haproxy is None:       # HAProxy's files (short path: Unix sockets)

@@ -68,8 +68,10 @@ from typing import Any, Callable
 
 from anchorage.trace.blocks import ROOT, PrefixIds
 from anchorage.trace.format import FORMAT, TraceHeader, TraceRecord
+from anchorage.trace.topologies import (  # noqa: F401 - TOPOLOGIES, agent_names re-exported
+    TOPOLOGIES, _check_topology, agent_names, session_transitions, start_agent,
+    transition_matrix)
 
-TOPOLOGIES = ("pipeline", "debate", "selector", "hierarchical", "handoff", "random")
 
 
 # ---------------------------------------------------------------------------------------
@@ -124,152 +126,6 @@ TOOLS: dict[str, tuple[ArgClass, ...]] = {
 }
 # ask_user (a human in the loop) is only given to the handoff triage agent.
 _TOOL_NAMES = sorted(t for t in TOOLS if t != "ask_user")
-
-
-# ---------------------------------------------------------------------------------------
-# Topologies: agent names and transition matrices
-
-def agent_names(topology: str, agents: int) -> list[str]:
-    _check_topology(topology, agents)
-    n = agents
-    if topology == "pipeline":
-        return [f"stage{i}" for i in range(n)]
-    if topology == "debate":
-        return [f"debater{i}" for i in range(n - 1)] + ["judge"]
-    if topology == "selector":
-        return ["selector"] + [f"worker{i}" for i in range(n - 1)]
-    if topology == "hierarchical":
-        leads = _n_leads(n)
-        names = ["manager"] + [f"lead{j}" for j in range(leads)]
-        for i in range(n - 1 - leads):
-            names.append(f"worker{i % leads}.{i // leads}")
-        return names
-    if topology == "handoff":
-        return ["triage"] + [f"specialist{i}" for i in range(n - 1)]
-    return [f"agent{i}" for i in range(n)]
-
-
-def _n_leads(n: int) -> int:
-    return max(1, round(math.sqrt(n - 1) / 1.5)) if n > 2 else 1
-
-
-def _check_topology(topology: str, agents: int) -> None:
-    if topology not in TOPOLOGIES:
-        raise ValueError(f"unknown topology {topology!r}; known: {', '.join(TOPOLOGIES)}")
-    least = 3 if topology == "hierarchical" else 2
-    if agents < least:
-        raise ValueError(f"topology {topology} needs at least {least} agents, got {agents}")
-
-
-def _zipf(n: int, s: float = 1.0) -> list[float]:
-    w = [1.0 / (i + 1) ** s for i in range(n)]
-    tot = sum(w)
-    return [x / tot for x in w]
-
-
-def transition_matrix(topology: str, agents: int, seed: int = 0) -> list[list[float]]:
-    """Row-stochastic matrix P[i][j] = P(next agent j | agent i, no tool call)."""
-    names = agent_names(topology, agents)
-    n = len(names)
-    rng = random.Random(f"anchorage-topology:{topology}:{agents}:{seed}")
-    P = [[0.0] * n for _ in range(n)]
-
-    def spread(row: list[float], idx: list[int], mass: float) -> None:
-        for j in idx:
-            row[j] += mass / len(idx)
-
-    if topology == "pipeline":
-        for i in range(n):
-            if i < n - 1:
-                P[i][i + 1] += 0.85
-                P[i][i - 1 if i > 0 else i] += 0.10
-                P[i][i] += 0.05
-            else:
-                P[i][0] += 0.7
-                P[i][i - 1] += 0.3
-    elif topology == "debate":
-        d = n - 1
-        for i in range(d):
-            nxt = i + 1 if i < d - 1 else n - 1
-            others = [j for j in range(d) if j != i] or [n - 1]
-            if i < d - 1:
-                P[i][nxt] += 0.8
-                spread(P[i], others, 0.2)
-            else:
-                P[i][nxt] += 0.9
-                spread(P[i], others, 0.1)
-        P[n - 1][0] += 0.9
-        spread(P[n - 1], list(range(d)), 0.1)
-    elif topology == "selector":
-        for j, w in enumerate(_zipf(n - 1)):
-            P[0][j + 1] = w
-        for i in range(1, n):
-            P[i][0] = 0.9
-            P[i][i] = 0.1
-    elif topology == "hierarchical":
-        leads = _n_leads(n)
-        team: dict[int, list[int]] = {1 + j: [] for j in range(leads)}
-        for i, name in enumerate(names):
-            if name.startswith("worker"):
-                team[1 + int(name[6:].split(".")[0])].append(i)
-        spread(P[0], list(team), 1.0)
-        for lead, workers in team.items():
-            if workers:
-                spread(P[lead], workers, 0.8)
-                P[lead][0] += 0.2
-            else:
-                P[lead][0] += 1.0
-            for w in workers:
-                P[w][lead] += 0.85
-                sib = [x for x in workers if x != w]
-                spread(P[w], sib or [lead], 0.15)
-    elif topology == "handoff":
-        for j, w in enumerate(_zipf(n - 1)):
-            P[0][j + 1] = w
-        spec = list(range(1, n))
-        for i in spec:
-            others = [j for j in spec if j != i]
-            if not others:
-                P[i][0] = 1.0
-                continue
-            pref = rng.sample(others, min(2, len(others)))
-            for j in pref:
-                P[i][j] += 0.7 / len(pref)
-            P[i][0] += 0.2
-            spread(P[i], [j for j in range(n) if j != i], 0.1)
-    else:  # random: Dirichlet(50) rows, near-uniform
-        for i in range(n):
-            g = [rng.gammavariate(50.0, 1.0) for _ in range(n)]
-            tot = sum(g)
-            P[i] = [x / tot for x in g]
-    for row in P:
-        tot = sum(row)
-        row[:] = [x / tot for x in row]
-    return P
-
-
-def session_transitions(P: list[list[float]], topology: str, rng: random.Random,
-                        affinity: float) -> list[list[float]]:
-    """A session's own transition matrix: the task favours two agents. In ``selector``
-    (the selector's choice), ``handoff`` (every hand-off) and ``hierarchical`` (the
-    manager's choice of lead), the probability of moving to a favoured agent is
-    multiplied by ``affinity`` and the row renormalized; other topologies are unchanged."""
-    rows = {"selector": [0], "handoff": list(range(len(P))), "hierarchical": [0]}.get(topology)
-    if not rows or affinity == 1:
-        return P
-    cand = sorted({j for i in rows for j, p in enumerate(P[i]) if p > 0 and j != i})
-    fav = set(rng.sample(cand, min(2, len(cand))))
-    out = [list(r) for r in P]
-    for i in rows:
-        row = [p * affinity if j in fav else p for j, p in enumerate(out[i])]
-        tot = sum(row)
-        out[i] = [p / tot for p in row]
-    return out
-
-
-def start_agent(topology: str) -> int | None:
-    """Index of the agent every session starts with (None: uniform)."""
-    return None if topology == "random" else 0
 
 
 # ---------------------------------------------------------------------------------------
@@ -383,6 +239,36 @@ def generate(topology: str, agents: int, sessions: int, seed: int, *, block_size
              think_ms: float = 300.0, tenants: int = 0, session_affinity: float = 4.0
              ) -> tuple[TraceHeader, list[TraceRecord]]:
     """Generate a workload; see the module docstring. Raises ValueError on bad options."""
+    _check_options(topology, agents, sessions, block_size, mean_requests, concurrency,
+                   anchor_tokens, max_context_tokens, think_ms, tenants, session_affinity)
+    specs = make_agents(topology, agents, seed, anchor_tokens)
+    gen = _SessionGen(topology=topology, specs=specs, P=transition_matrix(topology, agents, seed),
+                      first=start_agent(topology), ids=PrefixIds(), seed=seed,
+                      block_size=block_size, mean_requests=mean_requests,
+                      max_context_tokens=max_context_tokens, think_ms=think_ms,
+                      tenants=tenants, session_affinity=session_affinity)
+    events: list[_Event] = []
+    durations: list[float] = []
+    for s in range(sessions):
+        durations.append(gen.session(s, events))
+    records = _place(events, durations, sessions, concurrency, seed)
+    header = TraceHeader(
+        block_size=block_size, source=f"anchorage trace generate --topology {topology}",
+        has_header=True,
+        extra={"generator": {
+            "topology": topology, "agents": agents, "sessions": sessions, "seed": seed,
+            "mean_requests": mean_requests, "concurrency": concurrency,
+            "anchor_tokens": anchor_tokens, "max_context_tokens": max_context_tokens,
+            "think_ms": think_ms, "tenants": tenants, "session_affinity": session_affinity,
+            "agent_names": [a.name for a in specs]}})
+    assert header.format == FORMAT
+    return header, records
+
+
+def _check_options(topology: str, agents: int, sessions: int, block_size: int,
+                   mean_requests: float, concurrency: float, anchor_tokens: int,
+                   max_context_tokens: int, think_ms: float, tenants: int,
+                   session_affinity: float) -> None:
     _check_topology(topology, agents)
     for name, v in (("sessions", sessions), ("block_size", block_size),
                     ("anchor_tokens", anchor_tokens), ("max_context_tokens", max_context_tokens)):
@@ -396,76 +282,112 @@ def generate(topology: str, agents: int, sessions: int, seed: int, *, block_size
     if max_context_tokens < 8000 + 2000:
         raise ValueError("max_context_tokens must be >= 10000 (anchors reach 8000 tokens)")
 
-    specs = make_agents(topology, agents, seed, anchor_tokens)
-    P = transition_matrix(topology, agents, seed)
-    first = start_agent(topology)
-    ids = PrefixIds()
-    hier = topology == "hierarchical"
-    lead_of = {i: 1 + int(a.name[6:].split(".")[0])
-               for i, a in enumerate(specs) if a.name.startswith("worker") and hier}
 
-    events: list[_Event] = []
-    durations: list[float] = []
-    for s in range(sessions):
-        rng = random.Random(f"anchorage-session:{seed}:{s}")
-        n_req = 2 + int(math.log(1.0 - rng.random()) / math.log(1.0 - 1.0 / (mean_requests - 1))) \
-            if mean_requests > 2 else 2
+@dataclass
+class _SessionGen:
+    """One session at a time: its requests as events at session-relative times."""
+
+    topology: str
+    specs: list[AgentSpec]
+    P: list[list[float]]
+    first: int | None
+    ids: PrefixIds
+    seed: int
+    block_size: int
+    mean_requests: float
+    max_context_tokens: int
+    think_ms: float
+    tenants: int
+    session_affinity: float
+
+    def __post_init__(self) -> None:
+        hier = self.topology == "hierarchical"
+        self.lead_of = {i: 1 + int(a.name[6:].split(".")[0])
+                        for i, a in enumerate(self.specs) if a.name.startswith("worker") and hier}
+
+    def session(self, s: int, events: list[_Event]) -> float:
+        """Append session ``s``'s events; returns its duration (ms)."""
+        rng = random.Random(f"anchorage-session:{self.seed}:{s}")
+        m = self.mean_requests
+        n_req = 2 + int(math.log(1.0 - rng.random()) / math.log(1.0 - 1.0 / (m - 1))) \
+            if m > 2 else 2
         n_req = min(n_req, 400)
         task_tokens = int(min(4000, max(20, _lognormal(rng, 250, 0.6))))
-        tenant = f"tenant{rng.randrange(tenants)}" if tenants else None
-        Ps = session_transitions(P, topology, rng, session_affinity)
+        tenant = f"tenant{rng.randrange(self.tenants)}" if self.tenants else None
+        Ps = session_transitions(self.P, self.topology, rng, self.session_affinity)
         sid = f"s{s:05d}"
         # history segments: (key, tokens, visible_to or None for everyone)
-        segments: list[tuple[Any, int, frozenset | None]] = []
-        epoch = 0
+        self.segments: list[tuple[Any, int, frozenset | None]] = []
+        self.epoch = 0
         chains: dict[int, _PromptChain] = {}
-        cur = first if first is not None else rng.randrange(len(specs))
+        cur = self.first if self.first is not None else rng.randrange(len(self.specs))
         t = 0.0
         for step in range(n_req):
-            spec = specs[cur]
-            pc = chains.get(cur)
-            if pc is None or pc.epoch != epoch:
-                pc = chains[cur] = _PromptChain(epoch)
-                pc.append(("anchor", spec.name), spec.anchor_tokens)
-                pc.append(("task", s), task_tokens)
-            for key, tok, vis in segments[pc.seen:]:
-                if vis is None or cur in vis:
-                    pc.append(key, tok)
-            pc.seen = len(segments)
+            spec = self.specs[cur]
+            pc = self._prompt(chains, cur, s, task_tokens)
             out_len = int(min(4000, max(1, _lognormal(rng, spec.output_median, 0.6))))
-            if pc.tokens + out_len > max_context_tokens:  # compact the session's history
-                epoch += 1
-                segments = [(("summary", s, epoch), int(_lognormal(rng, 1000, 0.3)), None)]
-                pc = chains[cur] = _PromptChain(epoch)
-                pc.append(("anchor", spec.name), spec.anchor_tokens)
-                pc.append(("task", s), task_tokens)
-                pc.append(*segments[0][:2])
-                pc.seen = 1
-            hash_ids = pc.hash_ids(ids, block_size)
-            vis = frozenset((cur, lead_of[cur])) if cur in lead_of else None
-            segments.append((("out", s, step), out_len, vis))
+            if pc.tokens + out_len > self.max_context_tokens:  # compact the session's history
+                pc = self._compact(chains, cur, s, task_tokens, rng)
+            hash_ids = pc.hash_ids(self.ids, self.block_size)
+            vis = frozenset((cur, self.lead_of[cur])) if cur in self.lead_of else None
+            self.segments.append((("out", s, step), out_len, vis))
             rec: dict[str, Any] = {"input_length": pc.tokens, "output_length": out_len,
                                    "hash_ids": hash_ids, "session_id": sid,
                                    "agent": spec.name, "tenant": tenant}
             done = t + service_ms(pc.tokens, out_len)
-            if rng.random() < spec.tool_prob:
-                tool = rng.choice(spec.tools)
-                classes = TOOLS[tool]
-                ac = classes[_draw(rng, [c.weight for c in classes])]
-                dur = round(_lognormal(rng, ac.median_ms, ac.sigma), 1)
-                segments.append((("tool", s, step), int(max(5, _lognormal(rng, ac.result_tokens,
-                                                                             0.5))), vis))
-                rec.update(tool_name=tool, tool_args=ac.args(rng), tool_duration_ms=dur)
-                gap, nxt = dur, cur
-            else:
-                gap = _lognormal(rng, think_ms, 0.8) if think_ms > 0 else 0.0
-                nxt = _draw(rng, Ps[cur])
+            gap, nxt = self._next(rng, spec, cur, Ps, s, step, vis, rec)
             events.append(_Event(t, s, step, rec))
             t = done + gap
             cur = nxt
-        durations.append(t)
+        return t
 
-    # Poisson session arrivals sized so that about `concurrency` sessions overlap.
+    def _prompt(self, chains: dict, cur: int, s: int, task_tokens: int) -> _PromptChain:
+        """Agent ``cur``'s prompt chain, extended by the history it can see."""
+        spec = self.specs[cur]
+        pc = chains.get(cur)
+        if pc is None or pc.epoch != self.epoch:
+            pc = chains[cur] = _PromptChain(self.epoch)
+            pc.append(("anchor", spec.name), spec.anchor_tokens)
+            pc.append(("task", s), task_tokens)
+        for key, tok, vis in self.segments[pc.seen:]:
+            if vis is None or cur in vis:
+                pc.append(key, tok)
+        pc.seen = len(self.segments)
+        return pc
+
+    def _compact(self, chains: dict, cur: int, s: int, task_tokens: int,
+                 rng: random.Random) -> _PromptChain:
+        """The history becomes one summary segment; a new epoch of prompt chains."""
+        spec = self.specs[cur]
+        self.epoch += 1
+        self.segments = [(("summary", s, self.epoch), int(_lognormal(rng, 1000, 0.3)), None)]
+        pc = chains[cur] = _PromptChain(self.epoch)
+        pc.append(("anchor", spec.name), spec.anchor_tokens)
+        pc.append(("task", s), task_tokens)
+        pc.append(*self.segments[0][:2])
+        pc.seen = 1
+        return pc
+
+    def _next(self, rng: random.Random, spec: AgentSpec, cur: int, Ps: list[list[float]],
+              s: int, step: int, vis: frozenset | None, rec: dict) -> tuple[float, int]:
+        """A tool call (same agent after its duration) or a hand-off after a think gap."""
+        if rng.random() < spec.tool_prob:
+            tool = rng.choice(spec.tools)
+            classes = TOOLS[tool]
+            ac = classes[_draw(rng, [c.weight for c in classes])]
+            dur = round(_lognormal(rng, ac.median_ms, ac.sigma), 1)
+            self.segments.append((("tool", s, step),
+                                  int(max(5, _lognormal(rng, ac.result_tokens, 0.5))), vis))
+            rec.update(tool_name=tool, tool_args=ac.args(rng), tool_duration_ms=dur)
+            return dur, cur
+        gap = _lognormal(rng, self.think_ms, 0.8) if self.think_ms > 0 else 0.0
+        return gap, _draw(rng, Ps[cur])
+
+
+def _place(events: list[_Event], durations: list[float], sessions: int, concurrency: float,
+           seed: int) -> list[TraceRecord]:
+    """Poisson session arrivals sized so that about ``concurrency`` sessions overlap; the
+    records in time order with hash ids renumbered densely."""
     mean_dur = sum(durations) / len(durations)
     rate_per_ms = concurrency / max(mean_dur, 1.0)
     arr = random.Random(f"anchorage-arrivals:{seed}")
@@ -474,7 +396,6 @@ def generate(topology: str, agents: int, sessions: int, seed: int, *, block_size
         starts.append(clock)
         clock += arr.expovariate(rate_per_ms)
     events.sort(key=lambda e: (starts[e.session] + e.t_ms, e.session, e.step))
-
     renum: dict[int, int] = {}
     records = []
     for e in events:
@@ -482,14 +403,4 @@ def generate(topology: str, agents: int, sessions: int, seed: int, *, block_size
         hids = [renum.setdefault(h, len(renum)) for h in r.pop("hash_ids")]
         records.append(TraceRecord(timestamp=round(starts[e.session] + e.t_ms, 3),
                                    hash_ids=hids, **r))
-    header = TraceHeader(
-        block_size=block_size, source=f"anchorage trace generate --topology {topology}",
-        has_header=True,
-        extra={"generator": {
-            "topology": topology, "agents": agents, "sessions": sessions, "seed": seed,
-            "mean_requests": mean_requests, "concurrency": concurrency,
-            "anchor_tokens": anchor_tokens, "max_context_tokens": max_context_tokens,
-            "think_ms": think_ms, "tenants": tenants, "session_affinity": session_affinity,
-            "agent_names": [a.name for a in specs]}})
-    assert header.format == FORMAT
-    return header, records
+    return records

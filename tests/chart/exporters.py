@@ -299,11 +299,16 @@ class RouterEmitter:
         if d["status"] != "ok":
             self.state.rejected("saturated")
             return
-        outcome = "retried" if n % 11 == 0 else "ok"
+        if n % 11 == 0:                       # an attempt lost, retried on another replica
+            self.state.finish(ctx, d["replica"], "upstream_error")
+            self.state.retried(self.state.upstreams[d["replica"]].url, "upstream_error")
+            d = self.state.pick(ctx, exclude=[d["replica"]])
+            if d["status"] != "ok":
+                return
         usage = {"prompt_tokens": 48, "prompt_tokens_details": {
             "cached_tokens": rng.choice((0, 16, 32))}}
-        self.state.finish(ctx, d["replica"], outcome, usage if outcome == "ok" else None,
-                          d["predicted_tokens"])
+        self.state.finish(ctx, d["replica"], "ok", usage, d["predicted_tokens"])
+        self.state.metrics_text()             # what a scrape does: the per-replica gauges
         if n % 13 == 0:
             self.state.rejected("too_large")
         if n % 97 == 0:                      # one replica ejected, then readmitted

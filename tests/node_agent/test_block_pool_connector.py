@@ -33,8 +33,8 @@ class ConnectorSide(VllmSide):
 def test_allocation_without_a_prefix_lookup_is_no_policy_error(vllm_kv, patch, name):  # noqa: F811
     side = ConnectorSide(vllm_kv, 20, 4)
     driver = patch.attach(side.pool, make_policy(name, block_size=4))
-    before = patch.STATS.victims
+    before = patch.stats().victims
     for seed in (5, 6):
         drive(vllm_kv, [side], seed, 4, 20, check=consistent)
     assert driver.errors == 0
-    assert patch.STATS.victims > before, "no victim came from the policy"
+    assert patch.stats().victims > before, "no victim came from the policy"

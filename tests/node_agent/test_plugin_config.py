@@ -238,12 +238,13 @@ def test_config_change_is_applied_in_the_engine_while_serving(cfg_engine, caplog
     assert new is not drv and new.policy.name == "hybrid"
     # swapped mid-flight over a warm cache: in-flight requests and cached blocks handed over
     assert new.migrated["in_flight"] > 0 and new.migrated["free"] > 0, new.migrated
-    assert new.policy.survival_threshold == 0.25 and new.policy.r_min == 0.3
+    tun = new.policy.config.tuning
+    assert tun.survival_threshold == 0.25 and tun.r_min == 0.3
     snap = new.exporter.snapshot()
     assert snap["config_generation"] == 2 and snap["policy"] == "hybrid"
     assert reloader.current.params == {"survival_threshold": 0.25, "r_min": 0.3,
                                        "prefetch": False}
-    assert new.policy.prefetch is False
+    assert tun.prefetch is False
     victims0 = vllm_block_pool.STATS.victims
     assert len(serve(llm, SP, TP, 6, seed=3)) == 6
     assert vllm_block_pool.STATS.victims > victims0, "the new policy chose no victim"

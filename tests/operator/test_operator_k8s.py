@@ -146,7 +146,9 @@ def test_operator_scales_with_metrics_holds_on_outage_and_garbage_collects(
     co.create_namespaced_custom_object(G, V, NS, P, acp("web", "web", prometheus.url))
 
     # scale out on queue pressure, to maxReplicas
-    poll(lambda: _replicas(kube, "web") == 4, "scale-out to 4 replicas", 120)
+    # (the operator scales the Deployment, then writes its status: wait for both)
+    poll(lambda: _replicas(kube, "web") == 4
+         and _status(kube, "web").get("desiredReplicas") == 4, "scale-out to 4 replicas", 120)
     st = _status(kube, "web")
     assert st["desiredReplicas"] == 4 and "queue" in st["lastScaleReason"]
     assert _cond(st, "MetricsAvailable")["status"] == "True"
@@ -164,7 +166,8 @@ def test_operator_scales_with_metrics_holds_on_outage_and_garbage_collects(
     # load goes away, hit rate healthy, no capacity misses: scale in step by step to 1
     for e in exporters:
         e.set(hit_rate=0.9, waiting=0, kv=0.1)
-    poll(lambda: _replicas(kube, "web") == 1, "scale-in to 1 replica", 150)
+    poll(lambda: _replicas(kube, "web") == 1
+         and _status(kube, "web").get("desiredReplicas") == 1, "scale-in to 1 replica", 150)
     assert "scale in" in _status(kube, "web")["lastScaleReason"]
 
     # Prometheus outage: hold the replica count although the (unseen) load is high
@@ -274,7 +277,9 @@ def test_a_tuning_round_and_two_spec_edits_patch_the_configmap(kube, operator, p
     assert doc.policy.parameters.survival_threshold < 0.3
     assert cm.metadata.owner_references[0].block_owner_deletion is True
     poll(lambda: "Tuned" in _events(kube, "tuned"), "a Tuned event", 60)
-    assert "adopted" in _status(kube, "tuned")["lastTuningReason"]
+    # (events are posted while the handler runs, its status is written when it returns)
+    poll(lambda: "adopted" in _status(kube, "tuned").get("lastTuningReason", ""),
+         "the tuning reason in the status", 60)
 
     # spec edit 1: the spec's parameters take over again (a new metadata.generation)
     co.patch_namespaced_custom_object(G, V, NS, P, "tuned", {"spec": {"policy": {

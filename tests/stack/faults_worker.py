@@ -40,10 +40,13 @@ READY_S = 600
 
 class Load:
     """Non-streaming completions through the router from a few threads, each outcome
-    recorded with its start time."""
+    recorded with its start time. Paced (``pause_s`` between a thread's requests): enough to
+    see serving continue, not a saturating load that starves the restarting engine of the
+    2-core machine's CPU (a restart under saturation was seen to take over 10 minutes)."""
 
-    def __init__(self, router: str, threads: int = 3) -> None:
+    def __init__(self, router: str, threads: int = 3, pause_s: float = 0.3) -> None:
         self.url, self.stop, self.results = router + "/v1/completions", threading.Event(), []
+        self.pause_s = pause_s
         self.lock = threading.Lock()
         self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True)
                         for i in range(threads)]
@@ -65,8 +68,7 @@ class Load:
                 ok, err = False, f"{type(exc).__name__}: {exc}"[:200]
             with self.lock:
                 self.results.append((t0, time.time(), ok, err))
-            if not ok:
-                time.sleep(0.2)
+            self.stop.wait(self.pause_s if ok else 0.2)
 
     def finish(self) -> list:
         self.stop.set()

@@ -325,6 +325,20 @@ def router() -> gd.Dashboard:
         [Q(f"sum(anchorage_router_replica_healthy{{{NS}}})", "healthy"),
          Q(f"count(anchorage_router_replica_healthy{{{NS}}} == 0) or vector(0)", "ejected"),
          Q(f"sum(increase(anchorage_router_ejections_total{{{NS}}}[{RI}]))", "ejections")], lo=0))
+    d = d.with_row(gd.Row("Shared state between router replicas"))
+    d = d.with_panel(timeseries(
+        "Peer decision staleness", "Age of another replica's (or router pod's) decision when "
+        "this one applied it, p50 / p99: how far behind the shared session and prefix state runs.",
+        [Q(_quantile(0.5, "anchorage_router_peer_staleness_seconds", NS), "p50"),
+         Q(_quantile(0.99, "anchorage_router_peer_staleness_seconds", NS), "p99")],
+        unit="s", lo=0))
+    d = d.with_panel(timeseries(
+        "Peer decisions, lost batches and sync errors", "Peer decisions applied per second, "
+        "batches dropped before they were read, failed exchanges with the shared state.",
+        [Q(f"sum(rate(anchorage_router_peer_decisions_total{{{NS}}}[{RI}]))", "applied"),
+         Q(f"sum(rate(anchorage_router_peer_batches_lost_total{{{NS}}}[{RI}]))", "batches lost"),
+         Q(f"sum(rate(anchorage_router_peer_sync_errors_total{{{NS}}}[{RI}]))", "sync errors")],
+        lo=0))
     return d
 
 

@@ -21,6 +21,10 @@
 - --discovery=static
 - --replicas={{ join "," $r.discovery.staticReplicas }}
 {{- end }}
+{{- if and (not $r.kuberay.enabled) (gt (int $r.replicaCount) 1) }}
+- --peer-selector=app.kubernetes.io/instance={{ .Release.Name }},app.kubernetes.io/component=router
+- --peer-port={{ $r.port }}
+{{- end }}
 {{- range $r.extraArgs }}
 - {{ . | quote }}
 {{- end }}
@@ -43,6 +47,20 @@ app.kubernetes.io/instance={{ .Release.Name }},app.kubernetes.io/component=model
   value: "0"
 - name: POD_NAMESPACE
   valueFrom: {fieldRef: {fieldPath: metadata.namespace}}
+- name: POD_NAME
+  valueFrom: {fieldRef: {fieldPath: metadata.name}}
+- name: POD_IP
+  valueFrom: {fieldRef: {fieldPath: status.podIP}}
+# Serve's HAProxy ingress with direct ingress (no actor call per request): Ray reads these
+# when it starts (anchorage.router.app.hosting_env sets the same for a local router)
+- name: RAY_SERVE_ENABLE_HA_PROXY
+  value: "1"
+- name: RAY_SERVE_THROUGHPUT_OPTIMIZED
+  value: "1"
+- name: RAY_SERVE_HAPROXY_BALANCE_ALGORITHM
+  value: "hdr(x-session-id)"
+- name: RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S
+  value: "2"
 {{- with .Values.router.extraEnv }}
 {{ toYaml . }}
 {{- end }}

@@ -1,0 +1,43 @@
+"""The router's pods as the chart renders them: several Deployment-mode pods share routing
+decisions (peer discovery through the router Service's Endpoints, pod identity from the
+Downward API), and every Ray that hosts the router starts with Serve's HAProxy ingress."""
+
+from __future__ import annotations
+
+from tests.chart.conftest import all_on_values, objects, one, render
+
+
+def _env(c: dict) -> dict:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in c.get("env", [])}
+
+
+def test_several_router_pods_share_decisions_through_their_endpoints():
+    docs = objects(render({"router": {"replicaCount": 2, "extraEnv": [
+        {"name": "ANCHORAGE_INTERNAL_TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}}))
+    dep = one(docs, "Deployment", "-router")
+    assert dep["spec"]["replicas"] == 2
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    assert "--peer-selector=app.kubernetes.io/instance=anc,app.kubernetes.io/component=router" in c["args"]
+    env = _env(c)
+    assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "1" and env["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "1"
+    role = one(docs, "Role", "-router")
+    assert any("endpoints" in r["resources"] and "watch" in r["verbs"] for r in role["rules"])
+    svc = one(docs, "Service", "-router")
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert labels["app.kubernetes.io/component"] == "router" and svc["spec"]["selector"].items() <= labels.items()
+
+
+def test_one_router_pod_has_no_peers():
+    docs = objects(render({}))
+    c = one(docs, "Deployment", "-router")["spec"]["template"]["spec"]["containers"][0]
+    assert not any(a.startswith("--peer") for a in c["args"])
+
+
+def test_the_kuberay_head_starts_ray_with_the_haproxy_ingress():
+    docs = objects(render(all_on_values()))
+    rs = one(docs, "RayService", "-router")
+    head = rs["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    env = _env(head)
+    assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "1" and env["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "1"
+    assert env["RAY_SERVE_HAPROXY_BALANCE_ALGORITHM"] == "hdr(x-session-id)"

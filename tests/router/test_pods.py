@@ -1,0 +1,35 @@
+"""Two router pods, each with its own Ray (the chart's Deployment mode with several pods),
+share their decisions over HTTP (``router.replicaCount``; issue 16 item 5): on a workload whose
+turns alternate between the pods (a load balancer without affinity), placement quality
+stays within a point of one router's, and it is clearly worse when they do not share."""
+
+from __future__ import annotations
+
+BASE = {"policy": "agent", "block_size": 16, "health_interval_s": 0.5,
+        "trusted_token": "pod-token"}
+A = "http://127.0.0.1:8000"
+
+
+def test_two_router_pods_with_their_own_ray_place_like_one(cluster):
+    ns, urls = cluster["ns"], cluster["urls"]
+    ns("reset_upstreams")
+    ns("deploy", {**BASE, "replicas": urls})
+    one = ns("pods_workload", [A], "one")
+    ns("reset_upstreams")
+    b = ns("start_router_pod", 8100, {**BASE, "replicas": urls, "peers": [A], "pod_id": "pod-b"})
+    try:
+        ns("deploy", {**BASE, "replicas": urls, "peers": [b], "pod_id": "pod-a"})
+        two = ns("pods_workload", [A, b], "two")
+        applied_b = ns("pod_metric", b, "anchorage_router_peer_decisions_total")
+        applied_a = ns("pod_metric", A, "anchorage_router_peer_decisions_total")
+        # control: pod A neither pushes nor accepts (another token): no sharing
+        ns("reset_upstreams")
+        ns("deploy", {**BASE, "replicas": urls, "trusted_token": "other", "pod_id": "pod-a"})
+        alone = ns("pods_workload", [A, b], "alone")
+    finally:
+        ns("stop_router_pods")
+    rates = {"one": one, "two": two, "alone": alone, "applied": (applied_a, applied_b)}
+    assert one["failed"] == two["failed"] == alone["failed"] == 0, rates
+    assert applied_a > 0 and applied_b > 0, rates
+    assert abs(two["hit_rate"] - one["hit_rate"]) <= 0.01, rates
+    assert alone["hit_rate"] < two["hit_rate"] - 0.05, rates

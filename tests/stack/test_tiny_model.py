@@ -1,0 +1,56 @@
+"""The tiny model's flavours: token ids only (no tokenizer), or ``chat`` with a tokenizer and
+chat template built offline; and the drive's text/chat prompts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from anchorage.drive.plan import PlanOptions, plan
+from anchorage.stack.tiny_model import (TINY_LLAMA, has_tokenizer, vocab_size, write_model,
+                                        write_tiny_chat_model)
+from anchorage.trace.format import TraceRecord
+
+
+def test_the_ids_flavour_has_no_tokenizer(tmp_path):
+    d = write_model(tmp_path / "m")
+    assert not has_tokenizer(d) and vocab_size(d) == TINY_LLAMA["vocab_size"]
+    with pytest.raises(ValueError, match="flavour"):
+        write_model(tmp_path / "x", "gguf")
+
+
+def test_the_chat_flavour_is_deterministic_and_its_vocab_matches_the_config(tmp_path):
+    pytest.importorskip("tokenizers")
+    transformers = pytest.importorskip("transformers")
+    a, b = write_tiny_chat_model(tmp_path / "a"), write_tiny_chat_model(tmp_path / "b")
+    assert (a / "tokenizer.json").read_text() == (b / "tokenizer.json").read_text()
+    tok = transformers.AutoTokenizer.from_pretrained(str(a), local_files_only=True)
+    cfg = json.loads((a / "config.json").read_text())
+    assert len(tok) <= cfg["vocab_size"] < len(tok) + 64
+    assert cfg["bos_token_id"] == tok.bos_token_id and cfg["eos_token_id"] == tok.eos_token_id
+    msgs = [{"role": "system", "content": "You are a helpful agent."},
+            {"role": "user", "content": "Run the test and report the error"}]
+    text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert text.startswith("<s><|system|>\nYou are") and text.endswith("<|assistant|>\n")
+    # what vLLM does (render, then tokenize without adding special tokens) is what the
+    # router's tokenizer computes
+    from anchorage.router.keys import ChatTokenizer
+    ours = ChatTokenizer(str(a))
+    assert ours.encode_chat(msgs) == tok(text, add_special_tokens=False)["input_ids"]
+    assert ours.encode_text("hello agent")[0] == tok.bos_token_id
+    assert tok.decode(tok("file code test", add_special_tokens=False)["input_ids"]) == "file code test"
+
+
+def test_chat_prompts_keep_the_traces_sharing():
+    recs = [TraceRecord(timestamp=0, hash_ids=[1, 2, 3], input_length=96, output_length=4,
+                        session_id="s"),
+            TraceRecord(timestamp=10, hash_ids=[1, 2, 4], input_length=96, output_length=4,
+                        session_id="t")]
+    reqs = [r for sp in plan(recs, PlanOptions(block_size=32, prompt_format="chat"))
+            for r in sp.requests]
+    assert {r.path for r in reqs} == {"/v1/chat/completions"}
+    a, b = (r.body["messages"][0]["content"].split() for r in reqs)
+    assert a[:48] == b[:48] and a != b                  # two shared blocks of 24 words
+    with pytest.raises(ValueError, match="prompt format"):
+        PlanOptions(prompt_format="xml")
