@@ -112,3 +112,47 @@ def test_paper_ratio_text_reads_each_metric_in_its_own_direction():
     md = markdown({"cachewise": {40: {"cachewise-paper": {"token_goodput": 3.0},
                                       "vllm-prefix-aware": {"token_goodput": 2.0}}}})
     assert "| cachewise | cachewise-paper vs vllm-prefix-aware | token_goodput | 40 | 1.50x |" in md
+
+
+def test_headline_names_the_best_peer_and_calls_an_unreachable_target():
+    from bench.fleet_report import headline
+    rows = []
+    for stack, k in (("smg", 2.0), ("llm-d", 2.5), ("anchorage", 2.6), ("limit-hbm", 3.0)):
+        for load in (1, 2):
+            rows.append({"workload": "w", "stack": stack, "load": load, "seed": 1,
+                         "ttft_p90_s": 0.1 * load, "turns_per_s_per_gpu": k * load,
+                         "goodput_per_gpu": k * load})
+    roles = {"smg": "peer", "llm-d": "peer", "anchorage": "anchorage", "limit-hbm": "limit"}
+    line = headline(summarize(rows, 2.0, roles)).splitlines()[-1]
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[:3] == ["w", "llm-d", ">=5"]      # never past the SLO: open-ended
+    assert cells[4] == "1.040"
+    assert cells[6] == ">=1.200"       # the limit's throughput still grows: open-ended
+    assert cells[7] == "missed"
+    assert "met" in headline(summarize(rows, 2.0, roles), target=1.02)
+
+
+def test_a_stack_within_the_slo_at_every_load_is_open_ended():
+    rows = [{"workload": "w", "stack": "smg", "load": ld, "seed": 1, "ttft_p90_s": p,
+             "turns_per_s_per_gpu": ld, "goodput_per_gpu": ld}
+            for ld, p in ((1, 0.5), (2, 1.0))]
+    rows += [{"workload": "w", "stack": "stock", "load": ld, "seed": 1, "ttft_p90_s": p,
+              "turns_per_s_per_gpu": ld, "goodput_per_gpu": ld}
+             for ld, p in ((1, 0.5), (2, 3.0))]
+    s = summarize(rows, 2.0, {"smg": "peer", "stock": "peer"})["w"]
+    assert s["smg"]["open_ended"] and not s["stock"]["open_ended"]
+
+
+def test_a_saturated_limit_makes_a_target_above_it_unreachable():
+    from bench.fleet_report import headline
+    rows = []
+    for stack, tps in (("smg", (2.0, 2.5, 2.5)), ("anchorage", (2.0, 2.6, 2.6)),
+                       ("limit-hbm", (2.0, 2.9, 3.0))):
+        for load, t in zip((1, 2, 3), tps):
+            rows.append({"workload": "w", "stack": stack, "load": load, "seed": 1,
+                         "ttft_p90_s": 0.5 * load, "turns_per_s_per_gpu": t,
+                         "goodput_per_gpu": t})
+    roles = {"smg": "peer", "anchorage": "anchorage", "limit-hbm": "limit"}
+    cells = [c.strip() for c in headline(summarize(rows, 2.0, roles)).splitlines()[-1]
+             .strip("|").split("|")]
+    assert cells[6] == "1.200" and cells[7] == "unreachable (bound below target)"
