@@ -100,6 +100,10 @@ class TransitionLearner:
     def row_total(self, i: Hashable) -> float:
         return self._tot.get(i, 0.0)
 
+    def row_counts(self, i: Hashable) -> dict[Hashable, float]:
+        """The raw counts ``C[i][j]`` of row ``i`` (read only; empty if unknown)."""
+        return self._rows.get(i) or {}
+
     def count(self, i: Hashable, j: Hashable) -> float:
         row = self._rows.get(i)
         return row.get(j, 0.0) if row else 0.0

@@ -14,6 +14,8 @@ Conventions every router follows:
   is keyed by ``ReplicaView.index``, a stable identifier (the simulator uses positions;
   the Ray app assigns a stable id to each upstream), so replicas may join, leave or be
   ejected between calls.
+- ``on_first_token(ctx, replica_index)``: the request's prefill completed there (its first
+  token came back); routers that count prefill work in flight (``dynamo_kv``) use it.
 - ``on_kv_event(replica_index, event)`` feeds a replica's real KV cache events
   (``BlockStored``, ``BlockRemoved``, ``AllBlocksCleared`` from ``anchorage.routing.events``);
   routers that do not use them ignore them.
@@ -81,6 +83,9 @@ class Router:
         pass
 
     def on_finish(self, ctx: RequestContext, replica: int) -> None:
+        pass
+
+    def on_first_token(self, ctx: RequestContext, replica: int) -> None:
         pass
 
     def on_peer_start(self, ctx: RequestContext, replica: int) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from anchorage.routing.events import AllBlocksCleared, BlockRemoved, BlockStored
 from anchorage.routing.prefix import PrefixRouter
 
 
@@ -24,14 +23,7 @@ class PrecisePrefixRouter(PrefixRouter):
     model_inserts = False
 
     def on_kv_event(self, replica: int, event: Any) -> None:
-        if isinstance(event, BlockStored):
-            self.index.insert(replica, list(event.keys))
-        elif isinstance(event, BlockRemoved):
-            self.index.remove(replica, event.keys)
-        elif isinstance(event, AllBlocksCleared):
-            self.index.clear(replica)
-        else:
-            raise TypeError(f"unknown KV event {type(event).__name__}")
+        self.index.apply_event(replica, event)
 
 
 ROUTERS = {"precise_prefix": lambda **params: PrecisePrefixRouter(**params)}

@@ -22,7 +22,9 @@ LRU order. ``precise_prefix`` replaces the model with the replicas' own KV event
 
 Parameters (SGLang's defaults): ``cache_threshold`` 0.3, ``balance_abs_threshold`` 64,
 ``balance_rel_threshold`` 1.5; ``capacity_blocks`` (default when the view has none,
-100_000); ``tokens_per_request`` (2048).
+100_000); ``tokens_per_request`` (2048); ``capacity_from_view`` (True: the model holds at
+most the replica's own KV budget; False: ``capacity_blocks`` whatever the replica holds,
+as SGLang's tree is bounded by ``max_tree_size`` and not by the worker's memory).
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ class PrefixRouter(Router):
 
     def __init__(self, cache_threshold: float = 0.3, balance_abs_threshold: float = 64,
                  balance_rel_threshold: float = 1.5, capacity_blocks: int = 100_000,
-                 tokens_per_request: float = TOKENS_PER_REQUEST) -> None:
+                 tokens_per_request: float = TOKENS_PER_REQUEST,
+                 capacity_from_view: bool = True) -> None:
         if tokens_per_request < 0:
             raise ValueError("tokens_per_request must be >= 0")
         self.tokens_per_request = tokens_per_request
@@ -51,11 +54,14 @@ class PrefixRouter(Router):
         self.balance_rel_threshold = balance_rel_threshold
         self.index = PrefixIndex(capacity_blocks if self.model_inserts else None)
         self._capacity = capacity_blocks
+        self.capacity_from_view = capacity_from_view
 
     def _sync_capacity(self, replicas: Sequence[ReplicaView]) -> None:
         if self.model_inserts:
             for r in replicas:
-                self.index.set_capacity(r.index, r.capacity_blocks or self._capacity)
+                cap = (r.capacity_blocks or self._capacity) if self.capacity_from_view \
+                    else self._capacity
+                self.index.set_capacity(r.index, cap)
 
     def pick(self, ctx: RequestContext, replicas: Sequence[ReplicaView]) -> int:
         pos = healthy_positions(replicas)

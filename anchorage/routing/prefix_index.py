@@ -20,6 +20,21 @@ from collections import OrderedDict
 from typing import Hashable, Iterable, Sequence
 
 
+def held_prefix_len(keys: Sequence[Hashable], held) -> int:
+    """How many leading ``keys`` are in ``held``, for a prefix-closed ``held`` (chained
+    keys: holding a key means holding its prefix): a binary search, O(log n) lookups."""
+    if not keys or keys[0] not in held:
+        return 0
+    lo, hi = 1, len(keys)  # invariant: keys[lo-1] held; answer in [lo, hi]
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if keys[mid - 1] in held:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 class PrefixIndex:
     def __init__(self, default_capacity_blocks: int | None = None) -> None:
         self.default_capacity = default_capacity_blocks
@@ -82,16 +97,23 @@ class PrefixIndex:
 
     def match_len(self, replica: int, keys: Sequence[Hashable]) -> int:
         od = self._lru.get(replica)
-        if not od or not keys or keys[0] not in od:
+        if not od:
             return 0
-        lo, hi = 1, len(keys)  # invariant: keys[lo-1] held; answer in [lo, hi]
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if keys[mid - 1] in od:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+        return held_prefix_len(keys, od)
+
+    def apply_event(self, replica: int, event) -> None:
+        """A replica's KV event (``anchorage.routing.events``): ``BlockStored`` adds its
+        keys, ``BlockRemoved`` drops them, ``AllBlocksCleared`` empties the replica."""
+        from anchorage.routing.events import AllBlocksCleared, BlockRemoved, BlockStored
+
+        if isinstance(event, BlockStored):
+            self.insert(replica, list(event.keys))
+        elif isinstance(event, BlockRemoved):
+            self.remove(replica, event.keys)
+        elif isinstance(event, AllBlocksCleared):
+            self.clear(replica)
+        else:
+            raise TypeError(f"unknown KV event {type(event).__name__}")
 
     def match(self, keys: Sequence[Hashable]) -> dict[int, int]:
         if not keys:

@@ -37,19 +37,21 @@ capacity (a perfectly shared cache), and requests go to the least-loaded schedul
 from __future__ import annotations
 
 import heapq
-import math
-from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any, Sequence
 
-from anchorage.percentile import percentile
 from anchorage.policies.base import EvictionPolicy, RequestContext
 from anchorage.policies.registry import make_policy
 from anchorage.pool.block_pool import BlockPool
 from anchorage.routing.base import ReplicaView, Router
+from anchorage.sim import span
 from anchorage.sim.engine import ADMISSIONS, Replica, SimRequest
+from anchorage.sim.programs import PROGRAM_GATES, make_gate
+from anchorage.sim.retention import ContinuumPins, PinParams
 from anchorage.sim.profiles import HardwareProfile
+from anchorage.sim.report import measured_requests, summarize  # noqa: F401 (re-exported)
+from anchorage.sim.workload import Workload, build_workload  # noqa: F401 (re-exported)
 from anchorage.trace.format import TraceRecord
 
 POOLED = "pooled"
@@ -67,6 +69,11 @@ class TimedConfig:
     max_sessions: int | None = None     # closed loop: concurrent session slots
     warmup_frac: float = 0.0            # with max_sessions: also skip this part of the window
     admission: str = "fcfs"             # replica admission order: "fcfs" | "prefix-aware"
+    decode_spans: bool = True           # simulate pure-decode steps as spans (sim.span)
+    program_gate: str = "none"          # "none" | "thunderagent" (anchorage.sim.programs)
+    program_gate_params: dict | None = None
+    retention: str = "none"             # "none" | "continuum" (anchorage.sim.retention)
+    retention_params: dict | None = None
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -84,6 +91,11 @@ class TimedConfig:
         if self.admission not in ADMISSIONS:
             raise ValueError(f"admission must be one of {', '.join(ADMISSIONS)}, "
                              f"got {self.admission!r}")
+        if self.program_gate not in PROGRAM_GATES:
+            raise ValueError(f"program_gate must be one of {', '.join(PROGRAM_GATES)}, "
+                             f"got {self.program_gate!r}")
+        if self.retention not in ("none", "continuum"):
+            raise ValueError(f"retention must be 'none' or 'continuum', got {self.retention!r}")
         if self.max_sessions is not None and (self.max_sessions < 1 or self.mode != "closed"):
             raise ValueError("max_sessions must be >= 1 and needs closed-loop arrivals")
 
@@ -131,53 +143,14 @@ def _uses_kv_events(router: Router | None) -> bool:
     return router is not None and type(router).on_kv_event is not Router.on_kv_event
 
 
-# ---------------------------------------------------------------------------------------
-# Workload
-
-@dataclass
-class Workload:
-    """Requests grouped for arrival: ``first`` arrive at fixed times; ``following[i]`` is
-    the request that follows request ``i`` in its session (closed loop)."""
-
-    requests: list[SimRequest]
-    first: list[int]
-    following: dict[int, int] = field(default_factory=dict)
-
-
-def build_workload(records: Sequence[TraceRecord], contexts: Sequence[RequestContext],
-                   cfg: TimedConfig) -> Workload:
-    reqs: list[SimRequest] = []
-    for i, (rec, ctx) in enumerate(zip(records, contexts)):
-        warm = bool(rec.extra and rec.extra.get("warmup"))
-        ctx.warmup = ctx.warmup or warm
-        t = rec.timestamp / 1000.0 * cfg.time_scale
-        reqs.append(SimRequest(ctx, t, session=rec.session_id, index=i,
-                               measured=not warm and t >= cfg.warmup_s))
-    if cfg.mode == "open":
-        return Workload(reqs, list(range(len(reqs))))
-    by_session: dict[Hashable, list[int]] = defaultdict(list)
-    first: list[int] = []
-    for i, rec in enumerate(records):
-        if rec.session_id is None:
-            first.append(i)
-        else:
-            by_session[rec.session_id].append(i)
-    following: dict[int, int] = {}
-    for idx in by_session.values():
-        idx.sort(key=lambda j: (records[j].timestamp, j))
-        first.append(idx[0])
-        for a, b in zip(idx, idx[1:]):
-            following[a] = b
-            d = records[a].tool_duration_ms
-            reqs[a].next_gap_s = d / 1000.0 if d is not None else cfg.think_s
-    first.sort()
-    return Workload(reqs, first, following)
+def _uses_first_token(router: Router | None) -> bool:
+    return router is not None and type(router).on_first_token is not Router.on_first_token
 
 
 # ---------------------------------------------------------------------------------------
 # The event loop
 
-_ARRIVE, _STEP_END = 0, 1
+_ARRIVE, _STEP_END, _WAKE, _TICK = 0, 1, 2, 3
 
 
 class ClusterSim:
@@ -199,9 +172,22 @@ class ClusterSim:
             self.pools = [pool_cls(cap, bs, policy_factory()) for _ in range(cfg.replicas)]
             self.replicas = [Replica(i, cfg.profile, p, admission=cfg.admission)
                              for i, p in enumerate(self.pools)]
+        if not pooled and cfg.decode_spans:
+            for rep in self.replicas:
+                rep.spans = True
+        if cfg.retention == "continuum":
+            if pooled:
+                raise ValueError("retention needs one pool per replica (not the pooled router)")
+            for rep in self.replicas:
+                rep.retention = ContinuumPins(PinParams(**(cfg.retention_params or {})))
+        self.gate = None if pooled else make_gate(cfg.program_gate, self.replicas,
+                                                   cfg.program_gate_params)
+        if self.gate is not None:
+            self.router = None  # the gate places programs itself
         self.views = [ReplicaView(index=i, name=f"replica{i}", capacity_blocks=cap,
                                   extra={"max_load": cfg.profile.max_num_seqs})
                       for i in range(cfg.replicas)]
+        self._first_token = _uses_first_token(self.router)
         self._heap: list = []
         self._seq = 0
         self.now = 0.0
@@ -238,7 +224,18 @@ class ClusterSim:
             return
         rep.busy = True
         self._plans[rep.index] = plan
-        self._push(self.now + plan.duration_s, _STEP_END, rep.index)
+        self._push(self.now + plan.duration_s, _STEP_END, (rep.index, plan))
+
+    def _wake_later(self, rep: Replica) -> None:
+        """An idle replica with pinned KV plans again when the first pin expires."""
+        if not rep.busy and rep.retention is not None and rep.retention.pins:
+            self._push(max(self.now, rep.next_wake_s()), _WAKE, rep.index)
+
+    def _cut_span(self, rep: Replica, t: float) -> None:
+        """An arrival at ``t`` ends ``rep``'s decode span at the next step end."""
+        plan = self._plans[rep.index]
+        if plan is not None and plan.steps > 1 and span.truncate(plan, t):
+            self._push(plan.start_s + plan.duration_s, _STEP_END, (rep.index, plan))
 
     def _flush_events(self, rep: Replica) -> None:
         pool = rep.pool
@@ -257,146 +254,91 @@ class ClusterSim:
         for i in first:
             self._push(reqs[i].arrival_s, _ARRIVE, i)
             self.last_start_s = max(self.last_start_s, reqs[i].arrival_s)
-        following = workload.following
+        if self.gate is not None:
+            self._push(self.gate.interval_s, _TICK, None)
+        self._following = workload.following
+        self._reqs = reqs
         while self._heap:
             t, _, kind, obj = heapq.heappop(self._heap)
             self.now = t
             if kind == _ARRIVE:
                 req = reqs[obj]
                 req.arrival_s = t
-                pos = self._pick(req)
-                rep = self.replicas[pos]
-                if not rep.fits_ever(req):
-                    rep.stats.rejected += 1
-                    req.ctx.now_s = t
-                    self.rejected.append(req)
-                    self._session_next(req, following, reqs, t)
-                    continue
-                if self.router is not None:
-                    self.router.on_start(req.ctx, rep.index)
-                rep.enqueue(req)
+                if self.gate is not None:
+                    pos = self.gate.route(req, t)
+                    if pos is None:
+                        continue  # paused: the gate releases it at a check
+                else:
+                    pos = self._pick(req)
+                self._dispatch(req, self.replicas[pos], t)
+            elif kind == _STEP_END:
+                self._step_end(obj, t)
+            elif kind == _WAKE:
+                rep = self.replicas[obj]
                 if not rep.busy:
                     self._start(rep)
-            else:
-                rep = self.replicas[obj]
-                plan = self._plans[obj]
-                self._plans[obj] = None
-                done = rep.finish_step(plan)
-                self._flush_events(rep)
-                for r in done:
-                    self.completed.append(r)
-                    if self.router is not None:
-                        self.router.on_finish(r.ctx, rep.index)
-                    self._session_next(r, following, reqs, t)
-                self._start(rep)
-                if self.pooled and done:  # freed shared blocks may unblock idle schedulers
-                    for other in self.replicas:
-                        if not other.busy and other.has_work:
-                            self._start(other)
+                    self._wake_later(rep)
+            else:  # _TICK: the program gate's periodic check
+                for req, pos in self.gate.check(t):
+                    self._dispatch(req, self.replicas[pos], t)
+                if self._heap or self.gate.busy:
+                    self._push(t + self.gate.interval_s, _TICK, None)
+
+    def _dispatch(self, req: SimRequest, rep: Replica, t: float) -> None:
+        if not rep.fits_ever(req):
+            rep.stats.rejected += 1
+            req.ctx.now_s = t
+            self.rejected.append(req)
+            self._session_next(req, self._following, self._reqs, t)
+            return
+        if self.router is not None:
+            self.router.on_start(req.ctx, rep.index)
+        if rep.busy:
+            self._cut_span(rep, t)
+        rep.enqueue(req)
+        if not rep.busy:
+            self._start(rep)
+            self._wake_later(rep)
+
+    def _step_end(self, obj, t: float) -> None:
+        i, plan = obj
+        if self._plans[i] is not plan or t != plan.start_s + plan.duration_s:
+            return  # a span that an arrival cut short: its old end
+        rep = self.replicas[i]
+        self._plans[i] = None
+        done = rep.finish_step(plan)
+        if self._first_token:
+            for r, _, prefilling in plan.items:
+                if prefilling and r.first_token_s == t:
+                    self.router.on_first_token(r.ctx, rep.index)
+        self._flush_events(rep)
+        for r in done:
+            self.completed.append(r)
+            if self.router is not None:
+                self.router.on_finish(r.ctx, rep.index)
+            if self.gate is not None:
+                self.gate.completed(r, t)
+            self._session_next(r, self._following, self._reqs, t)
+        self._start(rep)
+        self._wake_later(rep)
+        if self.pooled and done:  # freed shared blocks may unblock idle schedulers
+            for other in self.replicas:
+                if not other.busy and other.has_work:
+                    self._start(other)
 
     def _session_next(self, req: SimRequest, following, reqs, t: float) -> None:
         nxt = following.get(req.index)
         if nxt is not None:
             gap = req.next_gap_s if req.next_gap_s is not None else self.cfg.think_s
             self._push(t + gap, _ARRIVE, nxt)
-        elif self._pending:  # the session ended: its slot goes to the next session
+            return
+        if self.gate is not None and req.session is not None:
+            self.gate.ended(req.session)
+        if self._pending:  # the session ended: its slot goes to the next session
             i = self._pending.pop()
             start = max(t, reqs[i].arrival_s)
             self.last_start_s = start
             self._push(start, _ARRIVE, i)
-
-
-# ---------------------------------------------------------------------------------------
-# Reports
-
-def _mean(xs: Sequence[float]) -> float:
-    return sum(xs) / len(xs) if xs else math.nan
-
-
-def measured_requests(sim: ClusterSim) -> tuple[list, tuple[float, float] | None]:
-    """The completed requests every metric is computed over, and the steady-state window
-    (None without ``max_sessions``)."""
-    done = [r for r in sim.completed if r.measured]
-    if sim.cfg.max_sessions is None:
-        return done, None
-    hi = sim.last_start_s
-    lo = max(sim.cfg.warmup_s, sim.cfg.warmup_frac * hi)
-    if hi <= lo:
-        return [r for r in done if r.arrival_s <= hi], None
-    # every metric covers the steady state, not only throughput: requests of the ramp-up
-    # (before lo) leave TTFT and hit rate as they leave turns/s
-    return [r for r in done if lo <= r.arrival_s <= hi], (lo, hi)
-
-
-def summarize(sim: ClusterSim, workload: Workload, policy_name: str,
-              router_name: str) -> dict[str, Any]:
-    done, window = measured_requests(sim)
-    ttft = [r.first_token_s - r.arrival_s for r in done]
-    # TTFT = waiting for admission (queue: no free seat, budget or KV blocks) + prefill
-    queue = [r.admitted_s - r.arrival_s for r in done if r.admitted_s is not None]
-    lat = [r.finish_s - r.arrival_s for r in done]
-    hit_blocks = sum(r.hit_blocks for r in done)
-    prompt_blocks = sum(len(r.ctx.keys) * (1 + r.preemptions) for r in done)
-    prefill = sum(r.prefill_tokens for r in done)
-    hit_t = sum(r.hit_tokens for r in done)
-    computed = sum(r.computed_tokens for r in done)
-    t0 = min((r.arrival_s for r in done), default=0.0)
-    t1 = max((r.finish_s for r in done), default=0.0)
-    span = max(t1 - t0, 1e-9)
-    if window is not None:
-        span = window[1] - window[0]
-        throughput = sum(1 for r in sim.completed
-                         if window[0] <= r.finish_s <= window[1]) / span
-    else:
-        throughput = len(done) / span
-    sessions: dict[Hashable, list[float]] = {}
-    for r in done:
-        if r.session is None:
-            continue
-        s = sessions.setdefault(r.session, [r.arrival_s, r.finish_s])
-        s[0] = min(s[0], r.arrival_s)
-        s[1] = max(s[1], r.finish_s)
-    sess_times = [b - a for a, b in sessions.values()]
-    evictions = sum(p.stats.evictions for p in sim.pools)
-    per_replica = []
-    for rep in sim.replicas:
-        st = rep.stats
-        rdone = [r for r in done if r.replica == rep.index]
-        per_replica.append({
-            "replica": rep.index,
-            "requests": len(rdone),
-            "hit_rate": st.hit_blocks / st.prompt_blocks if st.prompt_blocks else 0.0,
-            "hit_blocks": st.hit_blocks, "prompt_blocks": st.prompt_blocks,
-            "computed_tokens": st.computed_tokens,
-            "evictions": None if sim.pooled else rep.pool.stats.evictions,
-            "preemptions": st.preemptions,
-            "ttft_p90_s": percentile([r.first_token_s - r.arrival_s for r in rdone], 90),
-            "ttft_mean_s": _mean([r.first_token_s - r.arrival_s for r in rdone]),
-            "utilization": st.busy_s / max(sim.now, 1e-9),  # over the whole run
-            "steps": st.steps,
-        })
-    return {
-        "policy": policy_name, "router": router_name, "replicas": len(sim.replicas),
-        "hit_rate": hit_blocks / prompt_blocks if prompt_blocks else 0.0,
-        "token_hit_rate": hit_t / prefill if prefill else 0.0,
-        "hit_blocks": hit_blocks, "prompt_blocks": prompt_blocks,
-        "prefill_tokens": prefill, "hit_tokens": hit_t,
-        "recomputed_tokens": computed, "evictions": evictions,
-        "preemptions": sum(r.preemptions for r in done),
-        "requests": len(sim.completed), "measured_requests": len(done),
-        "rejected": len(sim.rejected),
-        "ttft_mean_s": _mean(ttft), "ttft_p50_s": percentile(ttft, 50),
-        "ttft_p90_s": percentile(ttft, 90), "ttft_p99_s": percentile(ttft, 99),
-        "queue_mean_s": _mean(queue),
-        "latency_mean_s": _mean(lat), "latency_p50_s": percentile(lat, 50),
-        "latency_p90_s": percentile(lat, 90), "latency_p99_s": percentile(lat, 99),
-        "throughput_rps": throughput,
-        "window_s": list(window) if window else None,
-        "session_time_mean_s": _mean(sess_times),
-        "session_time_p90_s": percentile(sess_times, 90),
-        "makespan_s": sim.now,
-        "per_replica": per_replica,
-    }
 
 
 def simulate_timed(records: Sequence[TraceRecord], contexts: Sequence[RequestContext],

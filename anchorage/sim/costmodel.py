@@ -54,6 +54,13 @@ def step_time_s(profile: HardwareProfile, prefill: Iterable[tuple[int, int]],
     kv_tokens_read += ctx_dec
     if tokens == 0:
         return 0.0
+    return _step_s(profile, tokens, attn_flops, kv_tokens_read)
+
+
+def _step_s(profile: HardwareProfile, tokens: int, attn_flops: float,
+            kv_tokens_read: int) -> float:
+    """The roofline of a step of ``tokens`` new tokens (the module's ``t``)."""
+    m = profile.model
     nbytes = m.weight_bytes + m.kv_bytes_per_token * (kv_tokens_read + tokens)
     g = profile.devices
     t_compute = compute_time_s(profile, 2.0 * m.params * tokens, attn_flops)
@@ -81,3 +88,48 @@ def prefill_flops(model, n_tokens: int, context_tokens: int) -> tuple[float, flo
     return (2.0 * model.params * n_tokens,
             4.0 * model.layers * model.hidden * n_tokens
             * (context_tokens + (n_tokens + 1) / 2.0))
+
+
+def decode_step_s(profile: HardwareProfile, n: int, context_sum: int) -> float:
+    """``step_time_s(profile, [], contexts)`` for ``n`` decodes whose contexts sum to
+    ``context_sum``, in O(1) (the same arithmetic: a decode span's steps,
+    ``anchorage.sim.span``)."""
+    if n <= 0:
+        return 0.0
+    m = profile.model
+    ctx_dec = context_sum + n
+    return _step_s(profile, n, 0.0 + 4.0 * m.layers * m.hidden * ctx_dec, ctx_dec)
+
+
+def decode_span_ends(profile: HardwareProfile, n: int, context_sum: int, k: int,
+                     start_s: float, horizon_s: float = float("inf")) -> list[float]:
+    """End times of ``k`` consecutive decode steps of ``n`` requests (contexts summing to
+    ``context_sum`` before the first, each one token longer per step) started at
+    ``start_s``, stopping after the first end at or after ``horizon_s``. Each step is
+    ``decode_step_s`` written as ``max(a + b j, c + d j) + e`` (linear in the step
+    index ``j``): equal to it up to rounding."""
+    m = profile.model
+    g = profile.devices
+    rate = g * profile.peak_flops
+    ld4 = 4.0 * m.layers * m.hidden
+    gemm = 2.0 * m.params * n
+    # compute term: (gemm + attn) / (rate mfu), or gemm / (rate mfu) + attn / (rate attn_mfu)
+    amfu = profile.mfu if profile.attn_mfu is None else profile.attn_mfu
+    a = gemm / (rate * profile.mfu) + ld4 * (context_sum + n) / (rate * amfu)
+    b = ld4 * n / (rate * amfu)
+    bw = g * profile.mem_bw_bytes_s * profile.mbu
+    c = (m.weight_bytes + m.kv_bytes_per_token * (context_sum + 2 * n)) / bw
+    d = m.kv_bytes_per_token * n / bw
+    e = profile.step_overhead_s
+    if g > 1 and profile.link_bw_bytes_s > 0:
+        e += 2 * m.layers * (profile.link_latency_s + 2.0 * (g - 1) / g
+                             * n * m.hidden * m.dtype_bytes / profile.link_bw_bytes_s)
+    ends = []
+    t = start_s
+    for j in range(k):
+        x, y = a + b * j, c + d * j
+        t += (x if x > y else y) + e
+        ends.append(t)
+        if t >= horizon_s:
+            break
+    return ends

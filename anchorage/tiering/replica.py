@@ -9,6 +9,9 @@ stalls, the gate and its inputs, holds, reload timing; turnover clock from 0 s),
 eviction wrapper ``TieredEviction`` around the replica's policy, and per session: its last
 prompt's full-block keys, agent, pending tool, when its turn ended, its reload in flight.
 
+- ``store-all`` (``_store_all``): at every turn end, whatever stopped it, the session's
+  GPU blocks host memory lacks are copied out (host LRU); no demotion, no warm-up: a
+  prompt's continuation in host memory is reloaded at admission (below).
 - Turn end (a request completes; its blocks are cached and free): a turn that stopped for
   a tool call (the trace's ``tool_name``/``tool_duration_ms`` presence, the finish reason
   the engine sees; never the duration) opens the session's stall. With GPU blocks left,
@@ -99,7 +102,7 @@ class _Session:
 class SimTiering:
     """One replica's tiering adapter: the hooks of ``anchorage.sim.engine.Replica``."""
 
-    def __init__(self, rep, cfg: TieringConfig, tool_stop: Sequence[bool]):
+    def __init__(self, rep, cfg: TieringConfig, tool_stop: Sequence[bool], links=None):
         from anchorage.sim.costmodel import step_time_s
 
         self.rep = rep
@@ -109,7 +112,7 @@ class SimTiering:
         self.policy: TieredEviction = rep.pool.policy
         self.bs = rep.pool.block_size
         self.prof = prof = rep.profile
-        self.host = HostTier(cfg.host, block_bytes(prof.model, self.bs))
+        self.host = HostTier(cfg.host, block_bytes(prof.model, self.bs), links)
         self.bb = self.host.block_bytes
         self.tool_stop = tool_stop
         self.ctl = TemporalController(cfg, self.pool.capacity_blocks, turnover_start_s=0.0)
@@ -200,6 +203,22 @@ class SimTiering:
             self.spatial.update(now, [st.agent for st in self.sessions.values() if st.pending],
                                 self._load)
 
+    def next_due_s(self) -> float:
+        """The earliest time ``on_step`` has something to do: a copy out completing, a
+        warm-up reload due, a held block's deadline, the next spatial update (a decode
+        span, ``anchorage.sim.span``, ends there)."""
+        t = math.inf
+        if self._d2h:
+            t = self._d2h[0][0]
+        if self._due and self._due[0][0] < t:
+            t = self._due[0][0]
+        top = self.policy.held.peek() if self.policy.held else None
+        if top is not None and top[0] < t:
+            t = top[0]
+        if self.spatial is not None and self.spatial._next < t:
+            t = self.spatial._next
+        return t
+
     def order_waiting(self, now: float) -> None:
         if self.spatial is not None:
             self.spatial.order_waiting()
@@ -256,6 +275,9 @@ class SimTiering:
         st.tool = ctx.tool_name if ctx.tool_name is not None else "tool_use"
         st.args = ctx.tool_args
         st.stall = None
+        if self.mode == "store-all":
+            self._store_all(st, now)
+            return
         if not st.tool_stop:
             return
         st.stall = self.ctl.turn_end(sid, now, st.tool, st.args, agent=st.agent)
@@ -296,6 +318,26 @@ class SimTiering:
                 self.policy.hold(reversed(blocks), stall.hold_until)
 
     # -- transfers ------------------------------------------------------------------------
+
+    def _store_all(self, st: _Session, now: float) -> None:
+        """``store-all``: every turn's GPU blocks that host memory lacks are copied out
+        (vLLM's CPU offloading connector, LMCache, Dynamo's KVBM); nothing is demoted or
+        reloaded ahead: a later prompt's continuation in host memory loads at admission."""
+        n_gpu = self._gpu_run(st.keys)
+        if n_gpu == 0:
+            return
+        host = self.host.keys
+        n_new = sum(1 for k in st.keys[:n_gpu] if k not in host)
+        if n_new == 0:
+            self.host.store(st.keys[:n_gpu])  # refresh their recency
+            return
+        done = self.host.d2h.schedule(now, n_new * self.bb)
+        self.offloads += 1
+        self.offload_blocks += n_new
+        st.demote = False
+        st.offload_n = n_gpu
+        self._seq += 1
+        heapq.heappush(self._d2h, (done, self._seq, st))
 
     def _offload(self, st: _Session, n_gpu: int, n_new: int, now: float,
                  demote: bool = True) -> None:

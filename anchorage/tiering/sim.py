@@ -6,7 +6,9 @@ Modes (``TieringConfig.mode``, ``anchorage.tiering.params``): ``off`` (no host t
 ``anchorage.sim.cluster.run_timed``), ``naive`` (the paper's plain offload: every turn that
 ends in a tool call swaps the session's whole context out, all its GPU blocks copied
 whatever host memory holds, and back in when the tool returns), ``naive-incremental`` (the
-same, copying only blocks host memory lacks), ``temporal`` (the temporal controller,
+same, copying only blocks host memory lacks), ``store-all`` (every turn's new blocks
+copied out, whatever stopped it; reloaded at admission only: vLLM's CPU offloading
+connector, LMCache, Dynamo's KVBM), ``temporal`` (the temporal controller,
 ``anchorage.tiering.controller``: the gate, holds, backups and warm-up reloads,
 criticality 0), ``tokencake`` (temporal plus the spatial policy of
 ``anchorage.tiering.spatial``) and ``offload`` (vLLM's offloading connector: write-through
@@ -39,7 +41,7 @@ from anchorage.tiering.params import MODES, TieringConfig
 from anchorage.tiering.replica import SimTiering, agent_of
 from anchorage.tiering.sim_offload import SimOffload
 
-__all__ = ["MODES", "SimTiering", "TieringConfig", "agent_of", "run_tiered"]
+__all__ = ["MODES", "SimTiering", "TieringConfig", "agent_of", "run_tiered", "simulate_tiered"]
 
 
 def _merge(dicts: Sequence[dict]) -> dict:
@@ -72,52 +74,74 @@ def run_tiered(records, contexts, cfg, policy: str, router: str = "session", *,
                policy_params: dict[str, Any] | None = None,
                router_params: dict[str, Any] | None = None) -> dict[str, Any]:
     """``run_timed`` with a host tier and a tiering mode on every replica."""
-    from anchorage.sim.cluster import (
-        POOLED,
-        measured_requests,
-        run_timed,
-        simulate_timed,
-    )
+    return simulate_tiered(records, contexts, cfg, policy, router, tiering=tiering,
+                           policy_params=policy_params, router_params=router_params)[1]
+
+
+def simulate_tiered(records, contexts, cfg, policy: str, router: str = "session", *,
+                    tiering: TieringConfig | None = None,
+                    policy_params: dict[str, Any] | None = None,
+                    router_params: dict[str, Any] | None = None,
+                    replicas_per_link: int = 1, wrap_policy=None):
+    """``run_tiered``, also returning the finished simulation (``(sim, report)``).
+    Consecutive groups of ``replicas_per_link`` replicas share one host link (each
+    direction one FIFO ``host_tier.Link``); ``wrap_policy`` wraps each replica's eviction
+    policy (inside the tiering wrapper)."""
+    from anchorage.sim.cluster import POOLED, measured_requests, simulate_timed
+    from anchorage.tiering.host_tier import Link
 
     tiering = tiering or TieringConfig()
     if tiering.mode == "off":
-        out = run_timed(records, contexts, cfg, policy, router, policy_params=policy_params,
-                        router_params=router_params)
+        sim, out = simulate_timed(records, contexts, cfg, policy, router,
+                                  policy_params=policy_params, router_params=router_params,
+                                  wrap_policy=wrap_policy)
         out["tiering"] = {"mode": "off"}
-        return out
+        return sim, out
     if router == POOLED:
         raise ValueError("tiering needs one pool per replica (not the pooled router)")
+    if replicas_per_link < 1:
+        raise ValueError("replicas_per_link must be >= 1")
     tool_stop = [r.tool_name is not None or r.tool_duration_ms is not None for r in records]
     ctl: list = []
     offload = tiering.mode == "offload"
+    h = tiering.host
 
     def attach(sim) -> None:
-        for rep in sim.replicas:
-            rep.tiering = (SimOffload if offload else SimTiering)(rep, tiering, tool_stop)
+        links = None
+        for i, rep in enumerate(sim.replicas):
+            if i % replicas_per_link == 0:
+                links = (Link(h.d2h_bytes_s, h.latency_s), Link(h.h2d_bytes_s, h.latency_s))
+            rep.tiering = (SimOffload if offload else SimTiering)(rep, tiering, tool_stop, links)
             ctl.append(rep.tiering)
+
+    def wrap(p):
+        return TieredEviction(wrap_policy(p) if wrap_policy is not None else p, agent_of)
 
     sim, out = simulate_timed(records, contexts, cfg, policy, router,
                               policy_params=policy_params, router_params=router_params,
-                              wrap_policy=None if offload else (
-                                  lambda p: TieredEviction(p, agent_of)),
-                              prepare=attach)
+                              wrap_policy=(wrap_policy if offload else wrap), prepare=attach)
     done, _ = measured_requests(sim)
     host_blocks = sum(r.host_hit_blocks for r in done)
     out["host_hit_blocks"] = host_blocks
     out["host_hit_rate"] = host_blocks / out["prompt_blocks"] if out["prompt_blocks"] else 0.0
     out["host_hit_tokens"] = sum(r.host_hit_tokens for r in done)
     tot = _merge([c.counters() for c in ctl])
+    # a shared link's bytes are counted once
+    hosts = [c if offload else c.host for c in ctl]
+    links = {id(hst.d2h): hst for hst in hosts}
+    tot["offload_bytes"] = sum(hst.d2h.bytes for hst in links.values())
+    tot["reload_bytes"] = sum(hst.h2d.bytes for hst in links.values())
     tot["bytes_moved"] = tot["offload_bytes"] + tot["reload_bytes"]
     out.update(tot)
     out["reserved_blocks"] = {} if offload else _reserved_blocks(ctl)
-    h = tiering.host
     out["tiering"] = {
         "mode": tiering.mode, "host_capacity_bytes": h.capacity_bytes,
         "d2h_bytes_s": h.d2h_bytes_s, "h2d_bytes_s": h.h2d_bytes_s,
         "block_bytes": ctl[0].bb if ctl else None,
         "watermark": tiering.gate.watermark,
+        "replicas_per_link": replicas_per_link,
     }
     if offload:
         out["tiering"].update(host_policy=tiering.host_policy,
                               reload_ahead=tiering.reload_ahead)
-    return out
+    return sim, out

@@ -52,6 +52,7 @@ Counters (``counters()``): ``offload_blocks`` / ``offload_bytes`` (stored chunks
 from __future__ import annotations
 
 import heapq
+import math
 from collections import Counter
 from collections.abc import Hashable, Sequence
 from typing import Any
@@ -87,7 +88,8 @@ class _Warm:
 
 
 class SimOffload:
-    def __init__(self, rep, cfg, tool_stop: Sequence[bool]):
+    def __init__(self, rep, cfg, tool_stop: Sequence[bool],
+                 links: tuple[Link, Link] | None = None):
         from anchorage.sim.costmodel import step_time_s
 
         self.rep, self.cfg, self.tool_stop = rep, cfg, tool_stop
@@ -96,8 +98,9 @@ class SimOffload:
         self.prof = rep.profile
         self.bb = block_bytes(self.prof.model, self.bs)
         h = cfg.host
-        self.d2h = Link(h.d2h_bytes_s, h.latency_s)
-        self.h2d = Link(h.h2d_bytes_s, h.latency_s)
+        # (d2h, h2d), shared by the replicas behind one host link, or this replica's own
+        self.d2h, self.h2d = links or (Link(h.d2h_bytes_s, h.latency_s),
+                                       Link(h.h2d_bytes_s, h.latency_s))
         self.now = 0.0
         oracle = cfg.host_policy == "oracle"
         self.returns = SessionReturns(cfg, oracle=oracle)
@@ -185,6 +188,17 @@ class SimOffload:
             w = self.warm.get(sid)
             if w is not None and not w.started:
                 self._reload(sid, now)
+
+    def next_due_s(self) -> float:
+        """The earliest time ``on_step`` has something to do (a decode span,
+        ``anchorage.sim.span``, ends there): finished requests to report to the host
+        store (now), a transfer completing, a just-in-time reload due."""
+        if self._report or self._finished:
+            return self.now
+        t = self._pending[0][0] if self._pending else math.inf
+        if self._due and self._due[0][0] < t:
+            t = self._due[0][0]
+        return t
 
     def order_waiting(self, now: float) -> None:
         return

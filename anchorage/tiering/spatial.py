@@ -75,13 +75,27 @@ def _shares(values: Mapping[Hashable, float]) -> dict[Hashable, float]:
 def transition_flow(learner: TransitionLearner,
                     agents: Iterable[Hashable]) -> dict[Hashable, float]:
     """``sum_i (n_i / N) P(a | i)`` for each agent (0 when nothing is learned), from the
-    caller's own transition learner (never an eviction policy's internals)."""
+    caller's own transition learner (never an eviction policy's internals), in
+    O(non-zero counts + agents): with ``P(a | i) = (C_ia + eps) / (n_i + eps A)`` the
+    smoothing term is the same for every ``a``."""
     agents = list(agents)
     total = learner.total
     if total <= 0:
         return dict.fromkeys(agents, 0.0)
-    rows = [(i, learner.row_total(i) / total) for i in learner.agents]
-    return {a: sum(w * learner.prob(i, a) for i, w in rows if w > 0) for a in agents}
+    n_t, eps = learner.n_targets(), learner.eps
+    want = dict.fromkeys(agents, 0.0)
+    base = 0.0
+    for i in learner.agents:
+        n_i = learner.row_total(i)
+        w = n_i / total
+        if w <= 0:
+            continue
+        d = n_i + eps * n_t
+        base += w * eps / d
+        for j, c in learner.row_counts(i).items():
+            if j in want:
+                want[j] += w * c / d
+    return {a: want[a] + base for a in agents}
 
 
 def agent_scores(flow: Mapping[Hashable, float], queue: Mapping[Hashable, float],

@@ -69,6 +69,9 @@ each rejection is handled explicitly:
   ``inf`` before the cache has turned over once: then nothing is backed up);
 - ``keep`` (``host_full``, ``low_saving``, or a backup not worth it): nothing.
 
+With ``hold_rejected`` (default False; TokenCake as published, where a stalled agent that
+is not offloaded keeps its GPU memory) every rejection is a ``hold``.
+
 Reload timing (the warm-up): a reload starts at ``reload_at_s = end_s + stall_s -
 reload_s - lead_s`` (default lead 10 % of the stall, at least 5 ms), not before the
 offload completes; a tool that returns before then triggers an immediate reload.
@@ -106,6 +109,7 @@ class GateParams:
     min_hold_s: float = 0.05
     backup_ratio: float = 0.0
     min_saving_ratio: float = 1.0
+    hold_rejected: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.watermark <= 1:
@@ -198,7 +202,7 @@ def stall_action(dec: Decision, idle_s: float, survival_s: float,
     ``offload``, ``hold``, ``backup`` or ``keep`` (the module's specification)."""
     if dec.offload:
         return "offload"
-    if dec.reason == "stall_short":
+    if dec.reason == "stall_short" or p.hold_rejected:
         return "hold"
     if (dec.reason not in ("host_full", "low_saving") and math.isfinite(survival_s)
             and idle_s > p.backup_ratio * survival_s):

@@ -9,7 +9,6 @@ capacity); ``precise_prefix`` reads the replicas' KV events instead (``BlockStor
 
 from __future__ import annotations
 
-from anchorage.routing.events import AllBlocksCleared, BlockRemoved, BlockStored
 from anchorage.routing.prefix_index import PrefixIndex
 from anchorage.routing.scorers.base import Scorer
 
@@ -35,14 +34,8 @@ class PrefixScorer(Scorer):
             self.index.insert(replica, ctx.keys)
 
     def on_kv_event(self, replica, event):
-        if not self.from_events:
-            return
-        if isinstance(event, BlockStored):
-            self.index.insert(replica, list(event.keys))
-        elif isinstance(event, BlockRemoved):
-            self.index.remove(replica, event.keys)
-        elif isinstance(event, AllBlocksCleared):
-            self.index.clear(replica)
+        if self.from_events:
+            self.index.apply_event(replica, event)
 
     def on_replica_removed(self, replica):
         self.index.clear(replica)

@@ -1,0 +1,1 @@
+"""Peer stacks and Anchorage's, one module per vendor (``anchorage.fleet.spec``)."""

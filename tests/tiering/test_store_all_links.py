@@ -1,0 +1,57 @@
+"""The peers' host tier (``store-all``), host links shared by replicas, TokenCake's
+published hold-on-rejection."""
+
+import pytest
+
+from anchorage.tiering.host_tier import HostTierConfig, Link
+from anchorage.tiering.sim import TieringConfig, simulate_tiered
+from anchorage.tiering.temporal import Decision, GateParams, stall_action
+from tests.tiering.test_sim import cfg, workload
+
+
+def test_store_all_copies_every_turn_incrementally_and_reloads_only_at_admission():
+    recs, ctxs = workload()
+    sim, r = simulate_tiered(recs, ctxs, cfg(), "lru", "session",
+                             tiering=TieringConfig(mode="store-all"))
+    assert r["offloads"] > 0 and r["host_hit_blocks"] > 0
+    assert r["demoted_evictions"] == 0          # the GPU order stays the policy's
+    # no warm-up: every reload is one a request asked for at admission
+    assert r["reloads"] == r["demand_reloads"]
+    # incremental: a block host memory holds is not copied again (100 GB: never full);
+    # only copies still in flight at the next turn end or at the run's end repeat
+    held = sum(len(rep.tiering.host.keys) for rep in sim.replicas)
+    assert held <= r["offload_blocks"] <= 1.02 * held
+    assert r["prefill_tokens"] == r["hit_tokens"] + r["host_hit_tokens"] + r["recomputed_tokens"]
+
+
+def test_replicas_behind_one_link_share_its_queue_and_bytes_count_once():
+    recs, ctxs = workload()
+    sim, r = simulate_tiered(recs, ctxs, cfg(), "lru", "session",
+                             tiering=TieringConfig(mode="store-all"), replicas_per_link=2)
+    a, b = (rep.tiering.host for rep in sim.replicas)
+    assert a.d2h is b.d2h and a.h2d is b.h2d
+    assert r["offload_bytes"] == a.d2h.bytes
+    assert r["tiering"]["replicas_per_link"] == 2
+    _, own = simulate_tiered(recs, ctxs, cfg(), "lru", "session",
+                             tiering=TieringConfig(mode="store-all"))
+    assert own["tiering"]["replicas_per_link"] == 1
+    with pytest.raises(ValueError):
+        simulate_tiered(recs, ctxs, cfg(), "lru", "session",
+                        tiering=TieringConfig(mode="store-all"), replicas_per_link=0)
+
+
+def test_a_shared_link_is_fifo_across_its_replicas():
+    link = Link(1e9, 0.0)
+    assert link.schedule(0.0, 1e9) == pytest.approx(1.0)   # replica A's copy
+    assert link.schedule(0.5, 1e9) == pytest.approx(2.0)   # replica B's queues behind
+    assert HostTierConfig().capacity_blocks(2 << 20) == int(100e9 // (2 << 20))
+
+
+def test_tokencake_as_published_holds_every_rejected_stall():
+    rejected = Decision(False, "no_fit", 1.0)
+    assert stall_action(rejected, 10.0, 1.0) == "backup"                 # Anchorage's
+    assert stall_action(rejected, 10.0, 1.0, GateParams(hold_rejected=True)) == "hold"
+    assert stall_action(Decision(False, "host_full", 1.0), 10.0, 1.0,
+                        GateParams(hold_rejected=True)) == "hold"
+    assert stall_action(Decision(True, "ok", 1.0), 10.0, 1.0,
+                        GateParams(hold_rejected=True)) == "offload"
