@@ -125,6 +125,18 @@ def build_app(cfg: RouterConfig):
     return _deployment().options(num_replicas=cfg.num_replicas).bind(cfg.__dict__)
 
 
+# Serve's controller marks its proxy actor (HAProxyManager or the HTTP proxy) unhealthy
+# and kills it (``ray.kill``) when one ready check outlasts
+# RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S while it starts (default 5 s: no second try, and
+# ``serve.start`` then fails) or three health checks in a row outlast
+# RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S (default 10 s). On a busy node (a CI machine
+# running engines and two Rays on 2 cores) a worker process alone can take longer than 5 s
+# to start, so the router died while starting. Raised here; a value already in the
+# environment wins. The chart sets the same (``anchorage.routerEnv``).
+SERVE_PROXY_TIMEOUTS = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",
+                        "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "30"}
+
+
 def hosting_env(cfg: RouterConfig, workdir: str | None = None,
                 local: bool = True) -> dict[str, str]:
     """Environment for the Ray that hosts the router (set before Ray starts): Serve's
@@ -132,13 +144,15 @@ def hosting_env(cfg: RouterConfig, workdir: str | None = None,
     host do not share /tmp/haproxy-serve). Ray appends a 56-character folder to it and
     HAProxy's socket paths stop at 97 characters: keep ``workdir`` short. ``local``
     (a router on this machine: ``anchorage up``/``router``, tests): HAProxy's stats and
-    Prometheus listeners bind loopback (``loopback_haproxy``)."""
+    Prometheus listeners bind loopback (``loopback_haproxy``). Either ingress: Serve's
+    proxy timeouts for a busy node (``SERVE_PROXY_TIMEOUTS``)."""
+    slow = {k: os.environ.get(k, v) for k, v in SERVE_PROXY_TIMEOUTS.items()}
     if cfg.ingress != "haproxy":
-        return {}
+        return slow
     d = workdir or tempfile.mkdtemp(prefix="ah-", dir="/tmp")   # Unix socket paths: short
     os.makedirs(d, exist_ok=True)
     env = {"RAY_SERVE_HAPROXY_BINARY_PATH": loopback_haproxy(d)} if local else {}
-    return {**env, "RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+    return {**slow, **env, "RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
             "RAY_SERVE_HAPROXY_BALANCE_ALGORITHM": "hdr(x-session-id)",
             "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": f"{d}/haproxy.cfg",
             "RAY_SERVE_HAPROXY_SOCKET_PATH": f"{d}/admin.sock",

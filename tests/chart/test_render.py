@@ -449,6 +449,10 @@ def test_router_deployment(default_objects):
                          f"--k8s-namespace={NAMESPACE}",
                          f"--k8s-selector=app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=model",
                          "--k8s-port=8000", "--k8s-kind=EndpointSlice"]
+    # Serve's proxy timeouts for a busy node: the same as a local router's Ray gets
+    from anchorage.router.app import SERVE_PROXY_TIMEOUTS
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert {k: env.get(k) for k in SERVE_PROXY_TIMEOUTS} == SERVE_PROXY_TIMEOUTS
     # The same arguments parse with the real `anchorage router` command line.
     from anchorage.cli import build_parser
     args = build_parser().parse_args(c["args"])

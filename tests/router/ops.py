@@ -553,11 +553,21 @@ def stop_router_pods() -> None:
     _POD.clear()
 
 
+PEER_APPLIED = "anchorage_router_peer_decisions_total"
+
+
 def pods_workload(routers: list[str], run: str, sessions: int = 24, turns: int = 5,
-                  gap_s: float = 0.4, seed: int = 7) -> dict:
+                  gap_s: float = 0.4, seed: int = 7, shared: bool = False,
+                  wait_s: float = 20.0) -> dict:
     """Sessions of growing prompts over 4 shared anchors; turn ``t`` of session ``s`` goes to
     router ``(s + t) % len(routers)`` (a load balancer without affinity in front of the
-    router pods). Returns the hit rate the fake engines report."""
+    router pods). Returns the hit rate the fake engines report.
+
+    ``shared``: before a turn goes to a router pod, wait (at most ``wait_s``) until that pod
+    has applied as many peer decisions (``PEER_APPLIED``, its one replica) as the other pods
+    made so far: placement quality is then measured with the decisions shared, whatever the
+    push delay on a busy machine (staleness is the histogram's to measure, not this test's).
+    ``late`` counts the turns sent after a wait ran out (decisions not shared in time)."""
     import random as _r
     rng = _r.Random(f"{seed}:{run}")
     anchors = [[rng.randrange(1000) for _ in range(16 * 8)] for _ in range(4)]
@@ -565,17 +575,38 @@ def pods_workload(routers: list[str], run: str, sessions: int = 24, turns: int =
     extra = {s: [[rng.randrange(1000) for _ in range(32)] for _ in range(turns)]
              for s in range(sessions)}
 
+    made = [0] * len(routers)            # answered turns per router pod
+    base = [pod_metric(u, PEER_APPLIED) if shared else 0.0 for u in routers]
+    late = [0]
+    lock = threading.Lock()
+
+    def wait_shared(i: int) -> None:
+        with lock:
+            need = base[i] + sum(n for j, n in enumerate(made) if j != i)
+        deadline = time.time() + (wait_s if late[0] < 3 else 0)   # broken: fail fast
+        while pod_metric(routers[i], PEER_APPLIED) < need:
+            if time.time() > deadline:
+                with lock:
+                    late[0] += 1
+                return
+            time.sleep(0.05)
+
     def session(s: int) -> tuple[int, int, int]:
         cached = total = bad = 0
         with httpx.Client(timeout=30) as c:
             for t in range(turns):
                 hist[s] += extra[s][t]
-                r = c.post(routers[(s + t) % len(routers)] + "/v1/completions",
+                i = (s + t) % len(routers)
+                if shared:
+                    wait_shared(i)
+                r = c.post(routers[i] + "/v1/completions",
                            headers={"x-session-id": f"{run}-s{s}"},
                            json={"model": "tiny", "prompt": hist[s], "max_tokens": 1})
                 if r.status_code != 200:
                     bad += 1
                     continue
+                with lock:
+                    made[i] += 1
                 u = r.json()["usage"]
                 cached += u["prompt_tokens_details"]["cached_tokens"]
                 total += u["prompt_tokens"]
@@ -584,7 +615,24 @@ def pods_workload(routers: list[str], run: str, sessions: int = 24, turns: int =
     with ThreadPoolExecutor(8) as ex:
         res = list(ex.map(session, range(sessions)))
     return {"hit_rate": sum(c for c, _, _ in res) / max(1, sum(t for _, t, _ in res)),
-            "failed": sum(b for _, _, b in res)}
+            "failed": sum(b for _, _, b in res), "late": late[0], "made": made}
+
+
+def wait_pod_accepts(url: str, token: str, times: int = 3, timeout_s: float = 60) -> bool:
+    """Until the router pod at ``url`` accepts ``times`` pushes in a row (an empty batch
+    from pod ``probe``): after a redeploy its ingress may still send requests to the
+    previous version (which shared nothing, 403) for a while."""
+    from anchorage.router.pods import PATH
+    deadline, ok = time.time() + timeout_s, 0
+    while ok < times and time.time() < deadline:
+        try:
+            r = httpx.post(url + PATH, timeout=5, headers={"x-anchorage-internal": token},
+                           content=b'{"origin": "probe/0", "pod": "probe", "batch": []}')
+            ok = ok + 1 if r.status_code == 200 else 0
+        except httpx.HTTPError:
+            ok = 0
+        time.sleep(0.1)
+    return ok >= times
 
 
 def pod_metric(url: str, name: str) -> float:

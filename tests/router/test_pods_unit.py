@@ -63,3 +63,96 @@ def test_a_push_is_parsed_validated_and_ones_own_pod_dropped():
 def test_peers_need_the_internal_token():
     with pytest.raises(ValueError, match="internal token"):
         RouterConfig(replicas=["http://u0"], peers=["http://10.0.0.2:8000"]).validate()
+
+
+class FakePeer:
+    """An aiohttp-like session whose peer answers ``statuses`` in turn (an exception
+    instance: the transport fails) after ``delay_s``; records what it received."""
+
+    def __init__(self, statuses, delay_s=0.0):
+        self.statuses, self.delay_s = list(statuses), delay_s
+        self.bodies, self.inflight, self.most_inflight = [], 0, 0
+
+    def post(self, url, data, timeout, headers):
+        peer = self
+
+        class Answer:
+            async def __aenter__(self):
+                import asyncio
+                peer.inflight += 1
+                peer.most_inflight = max(peer.most_inflight, peer.inflight)
+                try:
+                    await asyncio.sleep(peer.delay_s)
+                finally:
+                    peer.inflight -= 1
+                st = peer.statuses.pop(0) if peer.statuses else 200
+                if isinstance(st, Exception):
+                    raise st
+                if st == 200:
+                    peer.bodies.append(data)
+                self.status = st
+                return self
+
+            async def __aexit__(self, *exc):
+                return False
+
+            async def read(self):
+                return b"{}"
+        return Answer()
+
+
+def run_pushes(peer, batches, gap_s=0.01, settle_s=2.0):
+    import asyncio
+    import json
+
+    from anchorage.router import pods
+
+    async def go():
+        st = RoutingState(RouterConfig(replicas=["http://u0"], policy="agent"))
+        p = PodPeers(st, peer, "tok", "pod-a", ["http://10.0.0.2:8000"])
+        for b in batches:
+            p.push("r1", b, {})
+            await asyncio.sleep(gap_s)
+        deadline = asyncio.get_running_loop().time() + settle_s
+        while any(not box.task.done() for box in p.outboxes.values()):
+            assert asyncio.get_running_loop().time() < deadline, p.status()
+            await asyncio.sleep(0.01)
+        return p
+    old = pods.RETRY_S
+    pods.RETRY_S = 0.01
+    try:
+        p = asyncio.run(go())
+    finally:
+        pods.RETRY_S = old
+    rows = [r for body in peer.bodies for r in json.loads(body)["batch"]]
+    return p, rows
+
+
+def batch(i):
+    return encode([("http://u0", "tiny", ctx([i], session=f"s{i}"))])
+
+
+def test_a_slow_peer_gets_every_decision_in_fewer_pushes_one_at_a_time():
+    peer = FakePeer([], delay_s=0.05)
+    p, rows = run_pushes(peer, [batch(i) for i in range(20)], gap_s=0.005)
+    assert [r[4] for r in rows] == [f"s{i}" for i in range(20)]     # all, in order
+    assert peer.most_inflight == 1 and len(peer.bodies) < 20 and p.errors == 0
+
+
+def test_a_failed_push_is_sent_again_and_a_refused_one_dropped():
+    import aiohttp
+    peer = FakePeer([aiohttp.ClientConnectionError("down"), 503, 200])
+    p, rows = run_pushes(peer, [batch(0)])
+    assert [r[4] for r in rows] == ["s0"] and p.errors == 2
+    peer = FakePeer([403])
+    p, rows = run_pushes(peer, [batch(0), batch(1)], gap_s=0.05)
+    assert [r[4] for r in rows] == ["s1"] and p.errors == 1
+
+
+def test_an_outbox_is_bounded_oldest_dropped_first(monkeypatch):
+    from anchorage.router import pods
+    monkeypatch.setattr(pods, "MAX_PENDING_BYTES", 3 * len(batch(0)))
+    import aiohttp
+    peer = FakePeer([aiohttp.ClientConnectionError("down")] * 3, delay_s=0.0)
+    p, rows = run_pushes(peer, [batch(i) for i in range(6)], gap_s=0.0)
+    assert [r[4] for r in rows] == ["s3", "s4", "s5"] and p.errors == 3 + 3

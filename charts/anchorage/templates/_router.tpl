@@ -66,6 +66,12 @@ app.kubernetes.io/instance={{ .Release.Name }},app.kubernetes.io/component=model
   value: "hdr(x-session-id)"
 - name: RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S
   value: "2"
+# Serve kills its proxy actor when a ready check outlasts 5 s while it starts or three
+# health checks outlast 10 s; a busy node exceeds that (router.app.SERVE_PROXY_TIMEOUTS)
+- name: RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S
+  value: "60"
+- name: RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S
+  value: "30"
 {{- with .Values.router.extraEnv }}
 {{ toYaml . }}
 {{- end }}
