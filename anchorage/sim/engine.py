@@ -213,18 +213,44 @@ class Replica:
         self.waiting.appendleft(req)
 
     def plan_step(self, now: float) -> StepPlan | None:
-        """Choose this step's work (mutates queues and the pool); None when idle."""
+        """Choose this step's work (mutates queues and the pool); None when idle: the
+        running requests first (``_schedule_running``: a chunk of prefill or one decode
+        token each, preempting when the pool is full), then, unless something was
+        preempted, waiting requests admitted in queue order (``_admit_waiting``)."""
         p = self.profile
-        budget = p.max_num_batched_tokens
         items: list[tuple[SimRequest, int, bool]] = []
-        running = self.running
-        bs = self.bs
-        preempted = False
         tier = self.tiering
         if tier is not None:
             tier.on_step(now)
         if self.retention is not None and self.retention.pins:
             self._release_pins(now)
+        budget, preempted = self._schedule_running(now, p.max_num_batched_tokens, items)
+        stalled = False
+        if not preempted:
+            budget, stalled = self._admit_waiting(now, budget, items)
+        if not items:
+            if tier is not None:
+                ready = [r.ready_s for r in self.running if r.ready_s > now]
+                if ready:  # idle until the first reload completes
+                    return StepPlan(start_s=now, duration_s=min(ready) - now)
+            return None
+        prefill = [(n, r.num_computed) for r, n, pf in items if pf]
+        decode = [r.num_computed for r, n, pf in items if not pf]
+        dur = self.cost(p, prefill, decode)
+        plan = StepPlan(start_s=now, duration_s=dur, items=items)
+        if self.spans and not prefill and span.spannable(self, plan, stalled):
+            horizon = tier.next_due_s() if tier is not None else float("inf")
+            if self.retention is not None:
+                horizon = min(horizon, self.retention.next_expiry_s())
+            plan = span.extend(self, plan, now, horizon)
+        return plan
+
+    def _schedule_running(self, now: float, budget: int, items: list) -> tuple[int, bool]:
+        """The running requests' work for this step, in order, within ``budget`` tokens;
+        a request whose blocks do not fit releases a pin or preempts (``queues.victim``).
+        Returns the budget left and whether anything was preempted."""
+        running, bs = self.running, self.bs
+        preempted = False
         i = 0
         while i < len(running) and budget > 0:
             r = running[i]
@@ -251,81 +277,78 @@ class Replica:
             items.append((r, n, prefilling))
             budget -= n
             i += 1
+        return budget, preempted
+
+    def _admit_waiting(self, now: float, budget: int, items: list) -> tuple[int, bool]:
+        """Admit waiting requests in queue order (the tier's, prefix-aware or program FCFS
+        order first) while budget, sequence slots and blocks allow. Returns the budget left
+        and whether the queue head is stalled (it does not fit, or no slot is free)."""
+        p, waiting, pool, running = self.profile, self.waiting, self.pool, self.running
+        tier = self.tiering
         stalled = False
-        if not preempted:
-            waiting, pool = self.waiting, self.pool
-            if tier is not None and waiting:
-                tier.order_waiting(now)
-            elif self.admission == "prefix-aware" and len(waiting) > 1:
-                queues.order_prefix_aware(self, now)
-            elif self.admission == "program-fcfs" and len(waiting) > 1:
-                queues.order_program_fcfs(self)
-            while waiting and budget > 0 and len(running) < p.max_num_seqs:
-                r = waiting[0]
-                ctx = r.ctx
-                blocked = self._blocked
-                if blocked is not None and blocked[0] is r and blocked[1] == pool.sim_free_epoch:
-                    stalled = True
-                    break  # nothing was released since it last did not fit
-                if not can_allocate(pool, ctx, r.prefill_target):
-                    self._blocked = (r, pool.sim_free_epoch)
-                    stalled = True
-                    break
-                ctx.now_s = now
-                alloc = pool.allocate(ctx, r.prefill_target)
-                waiting.popleft()
-                r.alloc = alloc
-                gpu_hit = alloc.hit_blocks
-                host_hit = 0
-                reused = gpu_hit  # blocks not prefilled
-                if tier is not None:
-                    warm, host, ready = tier.on_admit(r, alloc, now)
-                    gpu_hit -= warm  # reloaded ahead of time: served from host
-                    host_hit = warm + host
-                    reused += host
-                    r.ready_s = ready
-                    r.host_hit_blocks += host_hit
-                    r.host_hit_tokens += host_hit * bs
-                hit_t = gpu_hit * bs
-                r.num_computed = reused * bs
-                r.prefill_tokens += r.prefill_target
-                r.hit_tokens += hit_t
-                r.hit_blocks += gpu_hit
-                if r.admitted_s is None:
-                    r.admitted_s = now
-                st = self.stats
-                st.admissions += 1
-                if r.measured:
-                    st.prompt_blocks += len(ctx.keys)
-                    st.hit_blocks += gpu_hit
-                    st.prefill_tokens += r.prefill_target
-                    st.hit_tokens += hit_t
-                    st.host_hit_blocks += host_hit
-                    st.host_hit_tokens += host_hit * bs
-                running.append(r)
-                if r.ready_s > now:
-                    continue  # scheduled once its reload completes
-                n = min(r.prefill_target - r.num_computed, budget)
-                items.append((r, n, True))
-                budget -= n
-            if waiting and len(running) >= p.max_num_seqs:
+        if tier is not None and waiting:
+            tier.order_waiting(now)
+        elif self.admission == "prefix-aware" and len(waiting) > 1:
+            queues.order_prefix_aware(self, now)
+        elif self.admission == "program-fcfs" and len(waiting) > 1:
+            queues.order_program_fcfs(self)
+        while waiting and budget > 0 and len(running) < p.max_num_seqs:
+            r = waiting[0]
+            ctx = r.ctx
+            blocked = self._blocked
+            if blocked is not None and blocked[0] is r and blocked[1] == pool.sim_free_epoch:
                 stalled = True
-        if not items:
-            if tier is not None:
-                ready = [r.ready_s for r in running if r.ready_s > now]
-                if ready:  # idle until the first reload completes
-                    return StepPlan(start_s=now, duration_s=min(ready) - now)
-            return None
-        prefill = [(n, r.num_computed) for r, n, pf in items if pf]
-        decode = [r.num_computed for r, n, pf in items if not pf]
-        dur = self.cost(p, prefill, decode)
-        plan = StepPlan(start_s=now, duration_s=dur, items=items)
-        if self.spans and not prefill and span.spannable(self, plan, stalled):
-            horizon = tier.next_due_s() if tier is not None else float("inf")
-            if self.retention is not None:
-                horizon = min(horizon, self.retention.next_expiry_s())
-            plan = span.extend(self, plan, now, horizon)
-        return plan
+                break  # nothing was released since it last did not fit
+            if not can_allocate(pool, ctx, r.prefill_target):
+                self._blocked = (r, pool.sim_free_epoch)
+                stalled = True
+                break
+            ctx.now_s = now
+            alloc = pool.allocate(ctx, r.prefill_target)
+            waiting.popleft()
+            self._admitted(r, alloc, now)
+            running.append(r)
+            if r.ready_s > now:
+                continue  # scheduled once its reload completes
+            n = min(r.prefill_target - r.num_computed, budget)
+            items.append((r, n, True))
+            budget -= n
+        if waiting and len(running) >= p.max_num_seqs:
+            stalled = True
+        return budget, stalled
+
+    def _admitted(self, r: SimRequest, alloc, now: float) -> None:
+        """A request got its blocks: GPU and host hits (the tier's loads), computed
+        tokens, and the replica's counters."""
+        bs, tier = self.bs, self.tiering
+        r.alloc = alloc
+        gpu_hit = alloc.hit_blocks
+        host_hit = 0
+        reused = gpu_hit  # blocks not prefilled
+        if tier is not None:
+            warm, host, ready = tier.on_admit(r, alloc, now)
+            gpu_hit -= warm  # reloaded ahead of time: served from host
+            host_hit = warm + host
+            reused += host
+            r.ready_s = ready
+            r.host_hit_blocks += host_hit
+            r.host_hit_tokens += host_hit * bs
+        hit_t = gpu_hit * bs
+        r.num_computed = reused * bs
+        r.prefill_tokens += r.prefill_target
+        r.hit_tokens += hit_t
+        r.hit_blocks += gpu_hit
+        if r.admitted_s is None:
+            r.admitted_s = now
+        st = self.stats
+        st.admissions += 1
+        if r.measured:
+            st.prompt_blocks += len(r.ctx.keys)
+            st.hit_blocks += gpu_hit
+            st.prefill_tokens += r.prefill_target
+            st.hit_tokens += hit_t
+            st.host_hit_blocks += host_hit
+            st.host_hit_tokens += host_hit * bs
 
     def _unpin(self, session) -> None:
         alloc, _ = self.retention.pins.pop(session)

@@ -92,7 +92,15 @@ def test_logging_levels():
 
     root, anchorage = logging.getLogger(), logging.getLogger("anchorage")
     saved = root.level, anchorage.level, list(root.handlers)
+    # (other tests' imports set levels on these loggers, e.g. vLLM's: start from none)
+    others = [logging.getLogger(n) for n in ("httpx", "anchorage.router")]
+    saved_others = [(lg.level, lg.disabled) for lg in others]
+    disabled = logging.root.manager.disable
     try:
+        logging.disable(logging.NOTSET)
+        for lg in others:
+            lg.setLevel(logging.NOTSET)
+            lg.disabled = False
         root.handlers.clear()
         configure_logging(False)
         assert not logging.getLogger("httpx").isEnabledFor(logging.INFO)
@@ -105,6 +113,10 @@ def test_logging_levels():
         root.setLevel(saved[0])
         anchorage.setLevel(saved[1])
         root.handlers[:] = saved[2]
+        for lg, (level, was_disabled) in zip(others, saved_others):
+            lg.setLevel(level)
+            lg.disabled = was_disabled
+        logging.disable(disabled)
 
 
 @pytest.mark.parametrize("args", [["sim", "--help"], ["bench", "--help"], ["demo", "--help"]])
