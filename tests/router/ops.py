@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import threading
@@ -498,6 +499,7 @@ def soak(upstreams: int, seconds: float, replicas: int = 2, **kw) -> dict:
 
 # -- a second router pod: its own Ray, its own Serve, in this network namespace ----------
 _POD: list = []
+_POD_DIRS: list[str] = []
 
 
 def start_router_pod(port: int, router: dict, timeout_s: float = 240) -> str:
@@ -525,6 +527,7 @@ def start_router_pod(port: int, router: dict, timeout_s: float = 240) -> str:
     p = subprocess.Popen([sys.executable, "-m", "anchorage.stack.router_main", f"{d}/pod.json"],
                          env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     _POD.append(p)
+    _POD_DIRS.append(d)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + timeout_s
     while True:
@@ -551,6 +554,20 @@ def stop_router_pods() -> None:
         except Exception:  # noqa: BLE001
             os.killpg(p.pid, signal.SIGKILL)
     _POD.clear()
+    # Serve's HAProxy outlives its Ray when the proxy actor dies first: whatever still
+    # runs from a pod's directory goes too
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmd = fh.read().decode(errors="replace")
+        except OSError:
+            continue
+        if any(d in cmd for d in _POD_DIRS):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+    _POD_DIRS.clear()
 
 
 PEER_APPLIED = "anchorage_router_peer_decisions_total"
