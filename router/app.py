@@ -159,6 +159,10 @@ def hosting_env(cfg: RouterConfig, workdir: str | None = None,
             "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": d,
             "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": f"{d}/server-state",
             "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": f"{d}/metrics.sock",
+            # HAProxy's access log to a Unix socket nobody reads, instead of syslog at
+            # 127.0.0.1:514: a UDP target costs a send per request and an unconnected
+            # UDP socket bound to 0.0.0.0
+            "RAY_SERVE_HAPROXY_LOG_TARGET": f"{d}/log.sock",
             "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2"}
 
 

@@ -10,6 +10,12 @@ Specification (pure; the supervisor calls it with what it observed):
   30 ... with the defaults.
 - The stack gives up on a child after ``max_restarts`` restarts failed in a row, i.e. when
   ``failures > max_restarts``; a given-up child stays down.
+- A restart is given ``restart_timeout_s(first_ready_s, timeout_s) = min(timeout_s,
+  max(hung_start_min_s, hung_start_factor * first_ready_s))`` to become ready, where
+  ``first_ready_s`` is how long the child's first start took (unknown: ``timeout_s``): a
+  start that takes several times longer than the first one is hung (seen: a vLLM engine
+  whose forked worker never came up after its predecessor was killed), and is restarted
+  rather than waited for.
 - The stack can serve while its router is not given up and at least one engine is not
   given up (node agents and Prometheus are optional to serving); ``anchorage up`` ends
   only on Ctrl-C/SIGTERM or when it cannot serve. A child waiting for its restart still
@@ -17,7 +23,8 @@ Specification (pure; the supervisor calls it with what it observed):
 
 Parameters (``RestartPolicy``, defaults in brackets): ``backoff_s`` first delay [1.0],
 ``backoff_max_s`` the longest delay [30.0], ``stable_s`` ready time that clears the count
-[60.0], ``max_restarts`` failed restarts in a row before giving up [5]."""
+[60.0], ``max_restarts`` failed restarts in a row before giving up [5],
+``hung_start_factor`` [4.0] and ``hung_start_min_s`` [120.0]."""
 
 from __future__ import annotations
 
@@ -35,8 +42,13 @@ class RestartPolicy:
     backoff_max_s: float = 30.0
     stable_s: float = 60.0
     max_restarts: int = 5
+    hung_start_factor: float = 4.0
+    hung_start_min_s: float = 120.0
 
     def __post_init__(self) -> None:
+        if self.hung_start_factor < 1 or self.hung_start_min_s <= 0:
+            raise ValueError("hung_start_factor must be >= 1 and hung_start_min_s positive, "
+                             f"got {self.hung_start_factor} and {self.hung_start_min_s}")
         if not 0 < self.backoff_s <= self.backoff_max_s:
             raise ValueError(f"restart back-off must satisfy 0 < backoff_s <= backoff_max_s, "
                              f"got {self.backoff_s} and {self.backoff_max_s}")
@@ -57,6 +69,12 @@ class RestartPolicy:
     def delay_s(self, failures: int) -> float:
         """Seconds to wait before restarting a child after its ``failures``-th failure."""
         return min(self.backoff_max_s, self.backoff_s * 2.0 ** max(0, failures - 1))
+
+    def restart_timeout_s(self, first_ready_s: float | None, timeout_s: float) -> float:
+        """Seconds a restarted child gets to become ready (module spec)."""
+        if first_ready_s is None:
+            return timeout_s
+        return min(timeout_s, max(self.hung_start_min_s, self.hung_start_factor * first_ready_s))
 
     def gives_up(self, failures: int) -> bool:
         return failures > self.max_restarts

@@ -119,6 +119,7 @@ class Child:
     role: str = AUX
     ready: Callable[[], bool] | None = None      # health check (None: running is ready)
     ready_timeout_s: float = 60.0
+    first_ready_s: float | None = None           # how long its first start took
     known: dict[int, int] = field(default_factory=dict)   # descendant pid -> start time
     state: str = RUNNING
     failures: int = 0                            # consecutive (restart.py)
@@ -190,6 +191,8 @@ class Supervisor:
             self.remember(child)
             if check():
                 child.ready_at = time.monotonic()
+                if child.first_ready_s is None:
+                    child.first_ready_s = child.ready_at - child.started_at
                 return child.ready_at - t0
             if child.proc.poll() is not None:
                 raise StartError(f"{child.name} {describe_exit(child.proc.returncode)} "
@@ -266,9 +269,10 @@ class Supervisor:
                     c.state, c.ready_at = RUNNING, now
                     return (f"{c.name} is back (restart {c.restarts}, ready "
                             f"{now - c.started_at:.0f} s after it started)")
-                if now - c.started_at > c.ready_timeout_s:
-                    return self._failed(c, f"was not ready {c.ready_timeout_s:.0f} s after "
-                                           "its restart", now, table)
+                limit = self.policy.restart_timeout_s(c.first_ready_s, c.ready_timeout_s)
+                if now - c.started_at > limit:
+                    return self._failed(c, f"was not ready {limit:.0f} s after its restart",
+                                        now, table)
             elif c.failures and now - c.ready_at >= self.policy.stable_s:
                 c.failures = 0
         elif c.state == REAPING:

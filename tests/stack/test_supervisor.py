@@ -84,6 +84,12 @@ def test_restart_policy_specification():
     assert can_serve([(ROUTER, False), (ENGINE, True), (ENGINE, False), (AUX, True)])
     assert not can_serve([(ROUTER, False), (ENGINE, True), (AUX, False)])
     assert not can_serve([(ROUTER, True), (ENGINE, False)])
+    # a restart gets a few times the first start's time, within the configured timeout
+    assert p.restart_timeout_s(None, 600) == 600
+    assert p.restart_timeout_s(75, 600) == 300 and p.restart_timeout_s(10, 600) == 120
+    assert p.restart_timeout_s(200, 600) == 600
+    with pytest.raises(ValueError, match="hung_start_factor"):
+        RestartPolicy(hung_start_factor=0.5)
 
 
 def test_exit_status_in_words():
@@ -204,3 +210,46 @@ def test_stack_reports_when_nothing_can_serve(tmp_path):
     finally:
         stack.stop()
     assert stack.sup.children == []
+
+
+# serves on PORT, except the one start that finds HANG_FILE: that one never answers
+HANGING_ONCE = textwrap.dedent("""
+    import http.server, os, sys, time
+    port, hang_file = int(sys.argv[1]), sys.argv[2]
+    if os.path.exists(hang_file):
+        os.remove(hang_file)
+        time.sleep(600)
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+        def log_message(self, *a):
+            pass
+    http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+""")
+
+
+def test_a_hung_restart_is_restarted_after_a_multiple_of_the_first_start(tmp_path):
+    """A restart that is not ready within ``hung_start_factor`` x the first start's time
+    (and ``hung_start_min_s``) is killed and started again, long before the configured
+    ready timeout (60 s here)."""
+    sup = Supervisor(tmp_path / "logs", RestartPolicy(backoff_s=0.2, backoff_max_s=0.2,
+                                                      hung_start_factor=2.0,
+                                                      hung_start_min_s=1.0, stable_s=300),
+                     reap_s=0.5)
+    port, hang = free_port(), tmp_path / "hang"
+    script = tmp_path / "child.py"
+    script.write_text(HANGING_ONCE)
+    c = sup.start("engine-0", [sys.executable, str(script), str(port), str(hang)], role=ENGINE)
+    try:
+        sup.wait_ready(c, lambda: http_ok(f"http://127.0.0.1:{port}/health"), 60)
+        limit = sup.policy.restart_timeout_s(c.first_ready_s, 60)
+        assert c.first_ready_s is not None and limit < 10, (c.first_ready_s, limit)
+        hang.write_text("1")
+        os.kill(c.proc.pid, signal.SIGKILL)
+        events = run_until(sup, lambda: c.state == RUNNING and c.restarts == 2, timeout_s=30)
+        assert any(f"engine-0 was not ready {limit:.0f} s after its restart" in e
+                   for e in events), events
+        assert any(e.startswith("engine-0 is back (restart 2") for e in events), events
+        assert http_ok(f"http://127.0.0.1:{port}/health")
+    finally:
+        sup.stop_all(grace_s=2, straggler_s=1)
