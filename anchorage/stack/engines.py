@@ -15,6 +15,7 @@ stock vLLM, nothing patched)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,6 +88,10 @@ def engine_command(spec: EngineSpec, base_env: dict[str, str]) -> tuple[list[str
                HOME=str(spec.workdir / "home"))
     if spec.cpu:
         env.setdefault("OMP_NUM_THREADS", "1")
+        # vLLM's CPU worker pins its threads ("auto": the first core, one reserved): every
+        # engine of the stack on the same core, so a restarting engine's worker got almost
+        # no CPU next to a busy neighbour (minutes to start). One core each, round robin.
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(spec.index % (os.cpu_count() or 1)))
     return argv, env
 
 
