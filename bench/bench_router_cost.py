@@ -374,15 +374,11 @@ def main() -> int:
     args = ap.parse_args()
     if args.decision:
         return decision(args)
-    if os.environ.get("ANCHORAGE_BENCH_NETNS") != "1":
-        if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("wrk"):
-            print("needs root, unshare and wrk (scripts/setup.d/50-bench-router.sh)", file=sys.stderr)
-            return 2
-        home = tempfile.mkdtemp(prefix="anchorage-bench-home-")
-        inner = " ".join(f"'{a}'" for a in [sys.executable] + sys.argv)
-        return subprocess.call(["unshare", "-n", "--", "sh", "-c", f"ip link set lo up && exec {inner}"],
-                               env=dict(os.environ, ANCHORAGE_BENCH_NETNS="1", HOME=home,
-                                        RAY_USAGE_STATS_ENABLED="0"), cwd=ROOT)
+    from bench import harness
+    if not harness.in_netns():
+        return harness.reexec_in_netns(
+            __spec__.name, sys.argv[1:], needs=("unshare", "wrk"),
+            missing="needs root, unshare and wrk (scripts/setup.d/50-bench-router.sh)")
     return serving(args)
 
 

@@ -23,11 +23,8 @@ import json
 import os
 import random
 import re
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -151,16 +148,10 @@ def main() -> int:
     ap.add_argument("--router", default="agent", help="routing policy (default: agent)")
     ap.add_argument("--out", default=str(ROOT / "bench/results/router_real.json"))
     args = ap.parse_args()
-    if os.environ.get("ANCHORAGE_BENCH_NETNS") == "1":
+    from bench import harness
+    if harness.in_netns():
         return inner(args)
-    if os.geteuid() != 0 or not shutil.which("unshare"):
-        print("needs root and unshare (a private network namespace)", file=sys.stderr)
-        return 2
-    home = tempfile.mkdtemp(prefix="anchorage-real-home-")
-    argv = " ".join(f"'{a}'" for a in [sys.executable, "-m", __spec__.name] + sys.argv[1:])
-    return subprocess.call(["unshare", "-n", "--", "sh", "-c", f"ip link set lo up && exec {argv}"],
-                           env=dict(os.environ, ANCHORAGE_BENCH_NETNS="1", HOME=home,
-                                    RAY_USAGE_STATS_ENABLED="0"), cwd=ROOT)
+    return harness.reexec_in_netns(__spec__.name, sys.argv[1:])
 
 
 if __name__ == "__main__":

@@ -18,11 +18,8 @@ import argparse
 import json
 import os
 import random
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -114,19 +111,12 @@ def main(argv=None) -> int:
     ap.add_argument("--requests", type=int, default=300, help="requests per path")
     ap.add_argument("--out", default="bench/results/router.json")
     args = ap.parse_args(argv)
-    if os.environ.get("ANCHORAGE_BENCH_NETNS") == "1":
+    if harness.in_netns():
         return serve_overhead(args)
-    if os.geteuid() != 0 or not shutil.which("unshare"):
-        print("bench_router_serve needs root and unshare (it runs Ray in a private network "
-              "namespace)", file=sys.stderr)
-        return 2
-    home = tempfile.mkdtemp(prefix="anchorage-bench-home-")
-    inner = " ".join(f"'{a}'" for a in [sys.executable, "-m", "bench.bench_router_serve",
-                                        *(argv if argv is not None else sys.argv[1:])])
-    return subprocess.call(
-        ["unshare", "-n", "--", "sh", "-c", f"ip link set lo up && exec {inner}"],
-        cwd=harness.ROOT, env=dict(os.environ, ANCHORAGE_BENCH_NETNS="1", HOME=home,
-                                   RAY_USAGE_STATS_ENABLED="0"))
+    return harness.reexec_in_netns(
+        "bench.bench_router_serve", argv if argv is not None else sys.argv[1:],
+        missing="bench_router_serve needs root and unshare (it runs Ray in a private network "
+                "namespace)")
 
 
 if __name__ == "__main__":

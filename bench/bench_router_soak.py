@@ -18,10 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,16 +55,10 @@ def main() -> int:
     ap.add_argument("--down", type=float, default=3.0, help="seconds a killed engine stays down")
     ap.add_argument("--out", default=str(ROOT / "bench/results/router_soak.json"))
     args = ap.parse_args()
-    if os.environ.get("ANCHORAGE_BENCH_NETNS") == "1":
+    from bench import harness
+    if harness.in_netns():
         return inner(args)
-    if os.geteuid() != 0 or not shutil.which("unshare"):
-        print("needs root and unshare (a private network namespace)", file=sys.stderr)
-        return 2
-    home = tempfile.mkdtemp(prefix="anchorage-soak-home-")
-    argv = " ".join(f"'{a}'" for a in [sys.executable, "-m", __spec__.name] + sys.argv[1:])
-    return subprocess.call(["unshare", "-n", "--", "sh", "-c", f"ip link set lo up && exec {argv}"],
-                           env=dict(os.environ, ANCHORAGE_BENCH_NETNS="1", HOME=home,
-                                    RAY_USAGE_STATS_ENABLED="0"), cwd=ROOT)
+    return harness.reexec_in_netns(__spec__.name, sys.argv[1:])
 
 
 if __name__ == "__main__":

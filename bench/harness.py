@@ -47,8 +47,10 @@ import math
 import os
 import platform
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -303,3 +305,28 @@ def write_json(path: str | Path, doc: dict, *, with_meta: bool = True) -> Path:
         doc = {**doc, "meta": meta()}
     path.write_text(json.dumps(clean(doc), indent=1, default=str) + "\n")
     return path
+
+
+# -- a private network namespace --------------------------------------------------------
+NETNS_ENV = "ANCHORAGE_BENCH_NETNS"
+
+
+def in_netns() -> bool:
+    """True inside the namespace ``reexec_in_netns`` made."""
+    return os.environ.get(NETNS_ENV) == "1"
+
+
+def reexec_in_netns(module: str, argv: Sequence[str], needs: Sequence[str] = ("unshare",),
+                    missing: str = "needs root and unshare (a private network namespace)"
+                    ) -> int:
+    """Run ``python -m module argv`` again in a private network namespace whose only
+    interface is loopback (``unshare -n``, as root), with its own HOME and Ray's usage
+    stats off; returns its exit status, 2 (saying ``missing``) without root or a tool."""
+    if os.geteuid() != 0 or not all(shutil.which(t) for t in needs):
+        print(missing, file=sys.stderr)
+        return 2
+    home = tempfile.mkdtemp(prefix="anchorage-bench-home-")
+    inner = shlex.join([sys.executable, "-m", module, *argv])
+    return subprocess.call(["unshare", "-n", "--", "sh", "-c", f"ip link set lo up && exec {inner}"],
+                           env=dict(os.environ, **{NETNS_ENV: "1"}, HOME=home,
+                                    RAY_USAGE_STATS_ENABLED="0"), cwd=ROOT)
