@@ -186,11 +186,11 @@ class Sidecar:
             self.ledger.resolve(s, self.tracker, now)
         if not self.engine_ok or self.model_name is None:
             return
+        fresh = s if self.fresh(now) else None   # (fresh() is False without a snapshot)
         # the host tier's reloads need no fresh plugin snapshot (its own file is checked)
-        self._send_reloads(s if self.fresh(now) else None, now)
-        if s is None or not self.fresh(now):
-            return
-        self._send_warmups(s, now)
+        self._send_reloads(fresh, now)
+        if fresh is not None:
+            self._send_warmups(fresh, now)
 
     def _follow_config(self, s: Snapshot | None, now: float) -> None:
         """One source of truth for the generation in force: the engine's."""
