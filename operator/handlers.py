@@ -6,7 +6,15 @@ replicas may run: kopf peering (``--peering``, default ``anchorage``) keeps one 
 Environment: ``ANCHORAGE_OPERATOR_INTERVAL_S`` (timer period, default 15 s),
 ``ANCHORAGE_OPERATOR_METRICS_PORT`` (the operator's own /metrics; unset or 0: not served),
 ``ANCHORAGE_OPERATOR_PEERING_LIFETIME_S`` (how long a silent peer counts as alive, i.e. how
-soon a standby replica takes over from a killed active one; kopf's default 60 s).
+soon a standby replica takes over from a killed active one; kopf's default 60 s),
+``ANCHORAGE_OPERATOR_NAMESPACES`` (comma-separated namespaces watched; empty: all).
+
+Finalizers: kopf puts its finalizer on every policy because of the timer (so that the timer
+is stopped before the object goes). A policy deleted while a timer pass runs is re-checked
+every second (kopf's default is a minute), and an exiting operator releases the finalizers
+it holds: otherwise a policy deleted together with the operator (``helm uninstall``, a
+namespace deletion) would stay Terminating forever. The next operator to start puts them
+back on the policies that still exist.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ from typing import Any
 import kopf
 
 from anchorage.operator import metrics as op_metrics
-from anchorage.operator.kube import KubeIO
+from anchorage.operator.kube import KubeIO, release_finalizer
 from anchorage.operator.prometheus import PrometheusClient
 from anchorage.operator.reconcile import reconcile
 
@@ -70,6 +78,28 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         # keep-alives are sent every max(1, lifetime - 5..10) s, so >= 2 s leaves a margin
         settings.peering.lifetime = max(2, int(float(lifetime)))
     settings.watching.server_timeout = 60
+    # A timer pass (a sync handler in a thread) cannot be interrupted: when its policy is
+    # deleted mid-pass, check again in a second, not kopf's default minute.
+    settings.background.cancellation_polling = 1.0
+    settings.background.instant_exit_timeout = 0.1
+
+
+@kopf.on.cleanup()
+def release_finalizers(settings: kopf.OperatorSettings, logger: Any, **_: Any) -> None:
+    """On exit, take this operator's finalizer off the policies it watches (see the module
+    docstring); a failure is logged, never raised (the operator is exiting anyway)."""
+    if _kube is None:
+        return
+    namespaces = tuple(n for n in os.environ.get("ANCHORAGE_OPERATOR_NAMESPACES", "").split(",") if n)
+    try:
+        released = release_finalizer(_kube.api, GROUP, VERSION, PLURAL,
+                                     settings.persistence.finalizer, namespaces)
+    except Exception as e:  # noqa: BLE001
+        logger.warning("could not release finalizers on exit: %s", e)
+        return
+    if released:
+        logger.info("released the finalizer of %d policies on exit: %s", len(released),
+                    ", ".join(released))
 
 
 def _metrics_for(url: str) -> PrometheusClient:

@@ -70,3 +70,43 @@ class KubeIO:
         else:
             body = {**body, "metadata": {**body["metadata"], "resourceVersion": resource_version}}
             self.core.patch_namespaced_config_map(name, namespace, body)
+
+
+def release_finalizer(api: Any, group: str, version: str, plural: str, finalizer: str,
+                      namespaces: tuple[str, ...] = ()) -> list[str]:
+    """Remove ``finalizer`` from every such custom resource in ``namespaces`` (all when
+    empty); return the ``namespace/name`` of those released. A resource changed under us
+    (409) is retried once with its new version; one deleted meanwhile (404) is skipped."""
+    co = client.CustomObjectsApi(api)
+    if namespaces:
+        items = [o for ns in namespaces
+                 for o in co.list_namespaced_custom_object(group, version, ns, plural)["items"]]
+    else:
+        items = co.list_cluster_custom_object(group, version, plural)["items"]
+    released = []
+    for obj in items:
+        for _ in range(2):
+            meta = obj["metadata"]
+            held = meta.get("finalizers") or []
+            if finalizer not in held:
+                break
+            body = {"metadata": {"resourceVersion": meta["resourceVersion"],
+                                 "finalizers": [f for f in held if f != finalizer]}}
+            try:
+                co.patch_namespaced_custom_object(group, version, meta["namespace"], plural,
+                                                  meta["name"], body)
+                released.append(f"{meta['namespace']}/{meta['name']}")
+                break
+            except ApiException as e:
+                if e.status == 404:
+                    break
+                if e.status != 409:
+                    raise
+                try:
+                    obj = co.get_namespaced_custom_object(group, version, meta["namespace"],
+                                                          plural, meta["name"])
+                except ApiException as e2:
+                    if e2.status == 404:
+                        break
+                    raise
+    return released

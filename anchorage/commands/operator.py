@@ -54,6 +54,7 @@ def run(args) -> int:
         raise CLIError("--metrics-port must be >= 0")
     os.environ["ANCHORAGE_OPERATOR_METRICS_PORT"] = str(args.metrics_port)
     os.environ["ANCHORAGE_OPERATOR_METRICS_HOST"] = args.metrics_host
+    os.environ["ANCHORAGE_OPERATOR_NAMESPACES"] = ",".join(args.namespace or ())
     try:
         import kopf
     except ImportError:

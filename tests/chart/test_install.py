@@ -216,13 +216,30 @@ def test_policy_edits_reach_a_node_agent_through_the_operator_under_its_own_rbac
         poll(lambda: not [a for a in co.list_namespaced_custom_object(
             GROUP, VERSION, NAMESPACE, PLURAL)["items"] if a["metadata"]["name"] == "agents"],
             "the policy deleted (its finalizer removed by the operator)", 60)
+
+        # the operator put its finalizer on the release's own policies; exiting, it takes it
+        # off again, so a policy deleted after it (helm uninstall) is not left Terminating
+        held = [a["metadata"]["name"] for a in co.list_namespaced_custom_object(
+            GROUP, VERSION, NAMESPACE, PLURAL)["items"] if a["metadata"].get("finalizers")]
+        assert held, "kopf put no finalizer on the release's policies (nothing to release)"
+        op.stop()
+        assert op.proc.returncode is not None and "released the finalizer of" in op.output(), \
+            op.output()[-3000:]
+        left = [a["metadata"]["name"] for a in co.list_namespaced_custom_object(
+            GROUP, VERSION, NAMESPACE, PLURAL)["items"] if a["metadata"].get("finalizers")]
+        assert not left, f"finalizers left on {left} after the operator exited"
+        co.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, _acp(
+            "orphan", targetRef={"name": "agents"}, autoscaling={"enabled": False}))
+        co.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, "orphan")
+        assert "orphan" not in [a["metadata"]["name"] for a in co.list_namespaced_custom_object(
+            GROUP, VERSION, NAMESPACE, PLURAL)["items"]]
     finally:
         if na is not None:
             na.stop()
         op.stop()
         apps.delete_namespaced_deployment("agents", NAMESPACE)
-        # the operator put its finalizer on the release's own policies: take it off, so
-        # `helm uninstall` below can delete them without an operator
+        # if the test failed before the operator exited cleanly: take its finalizers off,
+        # so `helm uninstall` below can delete the release's policies without an operator
         for a in co.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL)["items"]:
             co.patch_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL,
                                               a["metadata"]["name"],
