@@ -91,6 +91,62 @@ def test_an_anchor_survives_a_flood_under_hybrid_and_not_under_stock(engine):
     assert [o.cached_tokens for o in hybrid.outcomes[24:36]] == [0] * 12
 
 
+# -- no request metadata: plain LLM.generate on the real clock ---------------------------------
+
+
+def _plain(engine, blocks, ids: list[int]) -> list[int]:
+    """Token ids of a prompt of whole blocks plus a partial one (the block never cached)."""
+    out = []
+    for b in ids:
+        out += blocks.block("", b)
+    return out + [3] * 5
+
+
+def _generate(engine, blocks, prompts: list[list[int]]) -> list[int]:
+    """One ``LLM.generate`` call as a plain client makes it: no session id, no
+    ``extra_args``, the engine's own (monotonic) policy clock; cached tokens per prompt."""
+    sp = engine.SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    outs = engine.llm.generate([engine.TokensPrompt(prompt_token_ids=_plain(engine, blocks, p))
+                                for p in prompts], sp, use_tqdm=False)
+    return [o.num_cached_tokens or 0 for o in outs]
+
+
+def _anchor_uses(kind: str, anchor: list[int], ids) -> list[list[int]]:
+    if kind == "sessions":   # 3 conversations of 2 turns, each extending its last prompt
+        hist = {s: [next(ids)] for s in range(3)}
+        first = [anchor + hist[s] for s in range(3)]
+        for s in range(3):
+            hist[s].append(next(ids))
+        return first + [anchor + hist[s] for s in range(3)]
+    return [anchor + [next(ids)] for _ in range(12)]   # one-shot calls sharing the anchor
+
+
+@pytest.mark.parametrize("uses,flood_blocks,batched", [
+    ("sessions", 4, False), ("one-shot", 8, False), ("one-shot", 4, True)])
+def test_without_metadata_an_anchor_survives_a_flood(engine, uses, flood_blocks, batched):
+    """The README's promise that metadata is optional: an agent anchor reused by several
+    requests (inferred sessions, or one-shot calls), then single-use prompts of three
+    times the pool's blocks, sent back to back (or in one ``generate`` call); only hybrid
+    keeps the anchor."""
+    from anchorage.drive.plan import TokenBlocks
+
+    blocks = TokenBlocks(BS, 1024, seed=7)
+    anchor = list(range(1, ANCHOR_BLOCKS + 1))
+    got = {}
+    for name in ("hybrid", None):
+        ids = itertools.count(100)
+        with policy(engine, name):
+            for p in _anchor_uses(uses, anchor, ids):
+                _generate(engine, blocks, [p])
+            flood = [[next(ids) for _ in range(flood_blocks)] for _ in range(120 // flood_blocks)]
+            hits = (_generate(engine, blocks, flood) if batched
+                    else [_generate(engine, blocks, [p])[0] for p in flood])
+            got[name] = _generate(engine, blocks, [anchor + [next(ids)]])[0]
+        assert hits == [0] * len(flood)   # the flood is single-use: nothing of it is reused
+    assert got[None] == 0, "the flood did not evict the anchor under stock"
+    assert got["hybrid"] >= ANCHOR_BLOCKS * BS, f"hybrid lost the anchor: {got}"
+
+
 # -- a session waiting on a long tool call keeps its prefix ------------------------------------
 
 SESSION_BLOCKS = 6

@@ -25,16 +25,19 @@ Per request (``observe_request``; ``ctx.now_s`` is the policy clock):
   - the session's state: current agent, pending tool and its argument cluster
     (``cluster_fn``; with ``tools`` on), the request's ``seq``.
 
-- a request of the session ending (``request_done``) sets the session's last completion.
+- a request of the session ending (``request_done``) sets the session's last completion,
+  and the time since the previous completion (of any session) goes into ``done_gap``
+  (EWMA, weight 0.05): the soonest a session that has not returned can come back.
 
 Sessions idle longer than ``end_factor`` (2) x the 99th percentile of learned gaps are
 ended at re-scoring (``refresh``): the gap model records an end (tau = inf), the
 transition learner ``i -> END``; they no longer count in ``N_i``.
 
-Reuse counts learned from the blocks (for the output and stale scorers): output blocks
-cached and hit again (``outputs``); skipped thread blocks and their reuses (``stale``),
-a reuse being a hit or a request for the key of one evicted while it is among the last
-``capacity`` evicted stale keys (``ghost``).
+Reuse counts learned from the blocks (for the output, stale and thread scorers): sessions
+of a single request whose thread blocks all left the cache, and those that came back with
+a second request (``firsts``); output blocks cached and hit again (``outputs``); skipped
+thread blocks and their reuses (``stale``), a reuse being a hit or a request for the key
+of one evicted while it is among the last ``capacity`` evicted stale keys (``ghost``).
 
 State is bounded: sessions LRU-capped at ``max_sessions`` (the oldest is ended),
 agents at ``max_agents``, tool histograms at ``max_tools``, the prefix table at
@@ -134,9 +137,14 @@ class WorkloadModel:
         self.agents: OrderedDict[Hashable, Agent] = OrderedDict()
         self.at_agent: dict[Hashable, int] = {}  # active sessions per current agent
         self.step_gap = 0.0                      # EWMA of session gaps (s)
+        self.done_gap = 0.0                      # EWMA of time between completions (s)
+        self._last_done_s: float | None = None
         self.R = 0.0                             # predictability, refreshed at re-scoring
         self.outputs = ReuseCount()
         self.stale = ReuseCount()
+        # sessions of one request so far: those whose blocks all left the cache (``n``) and
+        # those that came back with a second request (``hits``)
+        self.firsts = ReuseCount()
         # keys of evicted stale blocks (ghosts, at most ``capacity``)
         self.ghost: OrderedDict[Hashable, None] = OrderedDict()
         self.capacity = 1
@@ -216,6 +224,8 @@ class WorkloadModel:
                         self._at_dec(prev)
                 self.at_agent[agent.fp] = self.at_agent.get(agent.fp, 0) + 1
         sess.agent = agent.fp if agent is not None else None
+        if sess.n == 1:
+            self.firsts.hits += 1
         sess.n += 1
         sess.last_seq = ctx.seq
         sess.state = (sess.agent, ctx.tool_name is not None) if sig.tools else (sess.agent, None)
@@ -263,6 +273,11 @@ class WorkloadModel:
             sess.inflight = max(0, sess.inflight - 1)
             if not ctx.warmup:
                 sess.last_s = max(sess.last_s, ctx.now_s)
+                last = self._last_done_s
+                if last is not None and ctx.now_s >= last:
+                    d = ctx.now_s - last
+                    self.done_gap = d if not self.done_gap else 0.95 * self.done_gap + 0.05 * d
+                self._last_done_s = ctx.now_s
         if self.last is info:
             self.last = None
         return info

@@ -129,6 +129,10 @@ class GroupEvictionPolicy(EvictionPolicy):
         if rid is not None and rid in self._queued:
             self._release(rid)  # admitted now: its hits stop being free
         if ctx.now_s > self._now:
+            if not self._pops and not self.heap.nonempty and not self.heap.touched:
+                # nothing scored yet: the heap's epoch starts at the policy clock's first
+                # reading (the engine's clock is monotonic time, far from 0)
+                self.heap.epoch = ctx.now_s
             self._now = ctx.now_s
         self.model.observe_request(ctx, ctx.now_s)
         if (self._now - self.heap.epoch > self.model.rescore_interval()
@@ -307,8 +311,11 @@ class GroupEvictionPolicy(EvictionPolicy):
 
     def on_evicted(self, block: int, key: Hashable) -> None:
         g = self.heap.evicted(block)
-        if g is not None and g.kind == STALE:  # a later request for it is still a reuse
-            self.model.stale_evicted(key)
+        if g is not None:
+            if g.kind == STALE:  # a later request for it is still a reuse
+                self.model.stale_evicted(key)
+            elif g.kind == THREAD and g.n <= 0 and g.sess.n == 1:
+                self.model.firsts.n += 1  # a one-request session's thread is gone
         self._out_blocks.discard(block)
 
     def eviction_order(self) -> Iterable[int]:

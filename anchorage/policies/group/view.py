@@ -18,7 +18,13 @@ changing what is learned (only memoised results are cached):
   least 10 % of learned gaps followed a tool call or the cache turns over faster than
   ``turnover_gap_ratio`` (2) median session gaps, else ``"survival"``.
 - ``return_probability(s, now)``: ``P(return | e)`` from all gaps and ends in
-  ``"survival"`` mode once ``min_samples`` gaps are learned; else 1.
+  ``"survival"`` mode once ``min_samples`` gaps are learned; else 1. For a session of one
+  request, at most ``first_return()``.
+- ``first_return()``: the share of one-request sessions that came back before all their
+  blocks left the cache, ``(hits + 1) / (hits + n + 2)`` over ``firsts`` (a session that
+  returns after its blocks went counts in both): without session ids every prompt that
+  continues no conversation is such a session, and a flood of single-use prompts drives
+  it towards 0.
 - ``thread_survival(s, now, h)``: ``P(e < tau <= e + h | tau > e)`` from the histogram
   ``s`` is scored by (its tool's, else all gaps; 1 until ``min_samples`` gaps); 0 ended.
 - ``thread_reach(s, f)``: ``(p, steps)``, the probability that ``s`` calls agent ``f``
@@ -33,7 +39,8 @@ changing what is learned (only memoised results are cached):
   turnover, ``turnover / g`` rounded down to a power of two, at most 32, once that is at
   least 4 (else 2).
 - ``call_rate(f) = sum_i N_i P(f | i)``; ``transitions_open()``: ``R >= r_min``;
-  ``step_gap`` (``g``), ``outputs`` and ``stale`` (reuse counts).
+  ``step_gap`` (``g``), ``done_gap`` (time between completions), ``outputs`` and
+  ``stale`` (reuse counts).
 """
 
 from __future__ import annotations
@@ -65,6 +72,10 @@ class ModelView:
     @property
     def step_gap(self) -> float:
         return self.model.step_gap
+
+    @property
+    def done_gap(self) -> float:
+        return self.model.done_gap
 
     @property
     def outputs(self) -> ReuseCount:
@@ -126,10 +137,18 @@ class ModelView:
         return self._sig.first and f.n + f.ends >= self._gaps.min_samples and f.n >= 2
 
     def return_probability(self, sess: Session, now: float) -> float:
-        h = self._gaps.global_hist
-        if self.gap_mode() != "survival" or h.n < self._gaps.min_samples or sess.n == 0:
+        if sess.n == 0:
             return 1.0
-        return h.p_return(max(0.0, now - sess.last_s))
+        h = self._gaps.global_hist
+        p = (1.0 if self.gap_mode() != "survival" or h.n < self._gaps.min_samples
+             else h.p_return(max(0.0, now - sess.last_s)))
+        if sess.n == 1:
+            p = min(p, self.first_return())
+        return p
+
+    def first_return(self) -> float:
+        f = self.model.firsts
+        return (f.hits + 1) / (f.hits + f.n + 2)
 
     def thread_survival(self, sess: Session, now: float, horizon_s: float) -> float:
         if sess.ended:

@@ -10,7 +10,11 @@ Group ``thread(s, f)``: session ``s``'s blocks past the shared prefix, with agen
     the elapsed time ``e`` since the session's last request; inf once it ended)
 
 or, when that is no signal (None), recency with ``mult = 1 / max(P(return | e), floor)``
-(``ModelView.return_probability``). With transitions on, the gate open, and ``f`` known:
+(``ModelView.return_probability``); for a session of one request also ``add = d (1 /
+max(q, floor) - 1)``, ``q = ModelView.first_return()``, ``d``: the mean time between
+completions (``done_gap``): a one-request session comes back with probability ``q`` and
+not before the next completion, so a fresh block of a flood of single-use prompts is not
+"just used" (recency's view of age 0). With transitions on, the gate open, and ``f`` known:
 ``(p, steps) = ModelView.thread_reach(s, f)`` (another agent: the learned reach from the
 session's current agent; its own: the stay probability), ``p`` floored at ``floor``
 (0.02), ``x = (steps - 1) g`` (``g``: the mean step gap):
@@ -67,6 +71,8 @@ class Scorer:
             T = v.session_wait(sess, now)
             if T is None:
                 mult = 1.0 / max(v.return_probability(sess, now), p.floor)
+                if sess.n == 1:
+                    add = v.done_gap * (1.0 / max(v.first_return(), p.floor) - 1.0)
         if p.transitions and v.transitions_open() and g.agent is not None and T != INF:
             pr, steps = v.thread_reach(sess, g.agent.fp)
             if pr is not None:
@@ -74,7 +80,7 @@ class Scorer:
                 p_use = pr
                 extra = (steps - 1) * v.step_gap
                 if T is None:
-                    mult, add = mult / pr, extra / pr
+                    mult, add = mult / pr, (add + extra) / pr
                 else:
                     T = (T + extra) / pr
         thr = p.survival_threshold
