@@ -90,7 +90,8 @@ def release_finalizers(settings: kopf.OperatorSettings, logger: Any, **_: Any) -
     docstring); a failure is logged, never raised (the operator is exiting anyway)."""
     if _kube is None:
         return
-    namespaces = tuple(n for n in os.environ.get("ANCHORAGE_OPERATOR_NAMESPACES", "").split(",") if n)
+    watched = os.environ.get("ANCHORAGE_OPERATOR_NAMESPACES", "")
+    namespaces = tuple(n for n in watched.split(",") if n)
     try:
         released = release_finalizer(_kube.api, GROUP, VERSION, PLURAL,
                                      settings.persistence.finalizer, namespaces)
