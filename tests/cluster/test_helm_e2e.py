@@ -8,12 +8,15 @@ scraping through the chart's monitors. The tests run in order and share one rele
 2. Prometheus scrapes every component through the chart's PodMonitor/ServiceMonitors;
 3. `anchorage drive` through the router's Service: every request succeeds, hit rate from
    the engines' own counters, each agent thread of a session stays on one replica;
-4. the model's AgentCachePolicy edited: the operator (its pod, its RBAC) patches the
-   ConfigMap, node agents and router apply it (their metrics), then scales the Deployment on
-   the hit-rate signal it reads from Prometheus and the router routes to the new pod;
+4. the model's AgentCachePolicy edited, as a chart-owned policy is (its values and
+   `helm upgrade`; docs/chart.md, "Changing a policy"): the operator (its pod, its RBAC)
+   patches the ConfigMap, node agents and router apply it (their metrics) with no traffic,
+   then the operator scales the Deployment on the hit-rate signal it reads from Prometheus
+   and the router routes to the new pod;
 5. an engine pod deleted under non-streaming load: every request succeeds, the
    replacement is discovered;
-6. `helm upgrade` with a changed router value rolls the router without a failed request;
+6. `helm upgrade` with a changed router value (and the policy values of 4) rolls the router
+   without a failed request;
 7. every dashboard panel the CPU build can feed returns data from that Prometheus;
 8. `helm uninstall` leaves no AgentCachePolicy stuck on a finalizer;
 9. the node torn down leaves the host as found (links, routes, iptables, sysctls, mounts,
@@ -155,8 +158,10 @@ class Load:
 
 @pytest.fixture(scope="module")
 def release(node, api):
+    VALUES.clear()
+    VALUES.update(base_values())
     with Timer("helm_install"):
-        helm(node, "install", base_values())
+        helm(node, "install", VALUES)
     t0 = time.monotonic()
     yield t0
 
@@ -248,6 +253,11 @@ def test_3_workload_through_the_router_service(node, api, prom, tmp_path):
     TIMES["drive_hit_rate_engines"] = round(s["hit_rate_engines"], 3)
 
 
+# The release's values: base_values() at install, then each upgrade's (test 4's policy
+# edits stay in force in test 6's upgrade, as they would in a values file).
+VALUES: dict = {}
+
+
 def _acp(api):
     from kubernetes import client
 
@@ -255,11 +265,22 @@ def _acp(api):
         GROUP, VERSION, NAMESPACE, PLURAL, MODEL_DEPLOY)
 
 
-def _patch_acp(api, spec: dict) -> None:
-    from kubernetes import client
+def _merge(into: dict, over: dict) -> None:
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(into.get(k), dict):
+            _merge(into[k], v)
+        else:
+            into[k] = v
 
-    client.CustomObjectsApi(api).patch_namespaced_custom_object(
-        GROUP, VERSION, NAMESPACE, PLURAL, MODEL_DEPLOY, {"spec": spec})
+
+def _edit_policy(node, what: str, spec: dict) -> None:
+    """Edit the chart's AgentCachePolicy the way its owner does: the model's
+    ``agentCachePolicy.spec`` values and ``helm upgrade`` (a kubectl edit of a field the
+    chart sets is a server-side apply conflict at the next upgrade; docs/chart.md)."""
+    model = VALUES["models"][0]
+    _merge(model.setdefault("agentCachePolicy", {}).setdefault("spec", {}), spec)
+    with Timer(f"helm_upgrade_{what}"):
+        helm(node, "upgrade", VALUES)
 
 
 def test_4_policy_edit_reaches_agents_and_router_then_scales(node, api, prom):
@@ -281,7 +302,7 @@ def test_4_policy_edit_reaches_agents_and_router_then_scales(node, api, prom):
         return sidecars, router
 
     side0, router0 = generations()
-    _patch_acp(api, {"policy": {"name": "lru"}, "routing": {"policy": "session"}})
+    _edit_policy(node, "policy", {"policy": {"name": "lru"}, "routing": {"policy": "session"}})
     wait_for(lambda: core.read_namespaced_config_map(cm_name, NAMESPACE).metadata.resource_version
              != before_rv, "the operator patched the ConfigMap", 120)
     try:
@@ -314,9 +335,9 @@ def test_4_policy_edit_reaches_agents_and_router_then_scales(node, api, prom):
                        and s.hit_rate is not None and s.capacity_miss_rate > 0.01 and s,
                        "hit rate and capacity misses in Prometheus", 300, 5)
         target = round(min(0.99, sig.hit_rate + sig.capacity_miss_rate / 2), 3)
-        _patch_acp(api, {"autoscaling": {"targetHitRate": target, "maxQueueDepth": 1000,
-                                         "maxKvUsage": 1.0, "scaleUpStabilizationSeconds": 10,
-                                         "cooldownSeconds": 10, "maxReplicas": 3}})
+        _edit_policy(node, "autoscaling", {"autoscaling": {
+            "targetHitRate": target, "maxQueueDepth": 1000, "maxKvUsage": 1.0,
+            "scaleUpStabilizationSeconds": 10, "cooldownSeconds": 10, "maxReplicas": 3}})
         apps = client.AppsV1Api(api)
         wait_for(lambda: apps.read_namespaced_deployment(MODEL_DEPLOY, NAMESPACE).spec.replicas == 3,
                  f"operator scaled to 3 (signals {sig}, target {target})", 300, 5)
@@ -353,7 +374,7 @@ def test_6_upgrade_rolls_router_without_dropping(node, api):
     from kubernetes import client
 
     old = {p.metadata.name for p in pods(api, "router")}
-    values = base_values()
+    values = VALUES
     values["router"]["retries"] = 3
     with Load(router_url(api), workers=2) as load:
         with Timer("helm_upgrade"):
