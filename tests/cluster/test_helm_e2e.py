@@ -212,9 +212,19 @@ def _access_log_threads(api) -> dict[tuple[str, int], Counter]:
     """(session, first block key) -> requests per pod, from every node agent's access log
     (sample rate 1): the agent policy's thread is (session, agent), and an agent's prompts
     all start with its anchor, so the first block names the agent."""
+    import base64
+
+    from kubernetes import client
+
+    # Its own port, behind the token only the operator holds (the chart's Secret): read as
+    # the operator's tuning reads it.
+    secret = client.CoreV1Api(api).read_namespaced_secret(f"{FULL}-access-log", NAMESPACE)
+    auth = {"Authorization": "Bearer " + base64.b64decode(secret.data["token"]).decode()}
     out: dict[tuple[str, int], Counter] = defaultdict(Counter)
     for p in pods(api, "model"):
-        text = httpx.get(f"http://{p.status.pod_ip}:9400/access-log", timeout=10).text
+        r = httpx.get(f"http://{p.status.pod_ip}:9401/v1/access-log", headers=auth, timeout=10)
+        assert r.status_code == 200, (r.status_code, r.text[:200])
+        text = r.text
         for line in text.splitlines()[1:]:
             rec = json.loads(line)
             if rec.get("session_id") is not None and rec.get("hash_ids"):
