@@ -113,17 +113,24 @@ def engine_ips(api) -> list[str]:
     return sorted(p.status.pod_ip for p in pods(api, "model") if ready_since(p))
 
 
-def completion(url: str, session: str, rng: random.Random, stream: bool = False) -> httpx.Response:
-    prompt = [rng.randrange(3, 1000) for _ in range(rng.randrange(64, 400))]
+def completion(url: str, session: str, rng: random.Random, stream: bool = False,
+               prefix_tokens: int = 0) -> httpx.Response:
+    """Random token ids; with ``prefix_tokens``, after the session's own fixed prefix of
+    that length (what its next request reuses)."""
+    own = random.Random(session)
+    prompt = ([own.randrange(3, 1000) for _ in range(prefix_tokens)]
+              + [rng.randrange(3, 1000) for _ in range(rng.randrange(64, 400))])
     return httpx.post(url + "/v1/completions", timeout=120, headers={"x-session-id": session},
                       json={"model": "tiny", "prompt": prompt, "max_tokens": 4, "stream": stream})
 
 
 class Load:
-    """Non-streaming completions from ``workers`` threads until stopped; every outcome kept."""
+    """Non-streaming completions from ``workers`` threads until stopped; every outcome kept.
+    ``prefix_tokens``: each session's requests share a prefix of that length."""
 
-    def __init__(self, url: str, workers: int = 3, sessions: int = 6) -> None:
+    def __init__(self, url: str, workers: int = 3, sessions: int = 6, prefix_tokens: int = 0) -> None:
         self.url, self.workers, self.sessions = url, workers, sessions
+        self.prefix_tokens = prefix_tokens
         self.results: list[tuple[int, str]] = []
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -132,7 +139,8 @@ class Load:
         rng = random.Random(i)
         while not self._stop.is_set():
             try:
-                r = completion(self.url, f"load-{rng.randrange(self.sessions)}", rng)
+                r = completion(self.url, f"load-{rng.randrange(self.sessions)}", rng,
+                               prefix_tokens=self.prefix_tokens)
                 ok = r.status_code == 200 and r.json()["usage"]["completion_tokens"] > 0
                 self.results.append((r.status_code, "" if ok else r.text[:200]))
             except Exception as exc:   # noqa: BLE001 - every failure is recorded
@@ -340,13 +348,16 @@ def test_4_policy_edit_reaches_agents_and_router_then_scales(node, api, prom):
 
     pc = PrometheusClient(prom.url)
     sel = f'namespace="{NAMESPACE}",model_name="tiny"'
-    with Load(url, workers=4, sessions=40) as load:
+    # Sessions whose prefixes (64 x 384 tokens) outgrow the two engines' KV pools (2 x 256
+    # blocks of 32 tokens): hits, and misses a third replica's capacity would win back.
+    with Load(url, workers=4, sessions=64, prefix_tokens=384) as load:
+        time.sleep(60)   # a window (60 s, the operator's too below) of this load only
         sig = wait_for(lambda: (s := pc.fleet_signals(selector=sel, window_s=60, replicas=2,
                                                       block_size=32))
                        and s.hit_rate is not None and s.capacity_miss_rate > 0.01 and s,
                        "hit rate and capacity misses in Prometheus", 300, 5)
         target = round(min(0.99, sig.hit_rate + sig.capacity_miss_rate / 2), 3)
-        _edit_policy(node, "autoscaling", {"autoscaling": {
+        _edit_policy(node, "autoscaling", {"metrics": {"windowSeconds": 60}, "autoscaling": {
             "targetHitRate": target, "maxQueueDepth": 1000, "maxKvUsage": 1.0,
             "scaleUpStabilizationSeconds": 10, "cooldownSeconds": 10, "maxReplicas": 3}})
         apps = client.AppsV1Api(api)
