@@ -5,7 +5,9 @@ Specification
 One ``PolicyReloader`` per policy-driven ``BlockPool`` (built by the block-pool patch when
 ``ANCHORAGE_CONFIG`` is set). ``maybe_reload()`` is called at the start of every
 scheduling attempt (``KVCacheManager.get_computed_blocks``, before the request's prefix
-lookup), never per block; it costs one clock read and one comparison unless the check
+lookup) and, so that an idle engine applies a new document too, at the engine core's idle
+tick (``node_agent.idle_reload``: the same engine-core thread, between two steps), never
+per block; it costs one clock read and one comparison unless the check
 interval (``ANCHORAGE_CONFIG_CHECK_S``, default 5 s) has passed, and then one ``stat``
 unless the file changed (``node_agent.config.ConfigWatcher``).
 

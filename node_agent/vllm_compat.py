@@ -8,7 +8,8 @@ No other ``node_agent`` module reads a private field of a vLLM object or patches
 1. ``SUPPORTED_PREFIX`` and ``HOOKS``: one table of every vLLM callable the plugin replaces
    (``replacement``: ``"module:function"``) or relies on unchanged (``replacement`` None),
    by install group (``"pool"``: the eviction patch, ``node_agent.vllm_hooks``;
-   ``"scheduler"``: the prefix-aware admission, ``node_agent.scheduler``). The table drives
+   ``"scheduler"``: the prefix-aware admission, ``node_agent.scheduler``; ``"engine"``: the
+   config checks of an idle engine core, ``node_agent.idle_reload``). The table drives
    the version check (``unsupported_reason``), ``install`` and ``uninstall``; ``ORIGINALS``
    holds the replaced methods by key (``"BlockPool.touch"``). ``UNHOOKED`` names every other
    method of ``BlockPool`` and ``KVCacheManager`` with why it needs no hook (a test checks
@@ -40,6 +41,8 @@ _KVM = "vllm.v1.core.kv_cache_manager:KVCacheManager"
 _Q = "vllm.v1.core.kv_cache_utils:FreeKVCacheBlockQueue"
 _H = "anchorage.node_agent.vllm_hooks:"
 _S = "anchorage.node_agent.scheduler:"
+_ECP = "vllm.v1.engine.core:EngineCoreProc"
+_I = "anchorage.node_agent.idle_reload:"
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,10 @@ HOOKS: tuple[Hook, ...] = (
     Hook("vllm.v1.core.sched.async_scheduler:AsyncScheduler", "schedule", None, "scheduler"),
     Hook("vllm.v1.core.kv_cache_utils", "make_block_hash_with_group_id", None, "scheduler"),
     Hook("vllm.v1.core.sched.request_queue:FCFSRequestQueue", "extend", None, "scheduler"),
+    # an idle engine core checks ANCHORAGE_CONFIG too (node_agent.idle_reload)
+    Hook(_ECP, "_process_input_queue", _I + "process_input_queue", "engine"),
+    Hook(_ECP, "_handle_client_request", _I + "handle_client_request", "engine"),
+    Hook(_ECP, "is_running", None, "engine"),
 )
 
 #: Methods of ``BlockPool`` / ``KVCacheManager`` (0.32) left unhooked, and why.
@@ -353,6 +360,29 @@ def group_suffix(group_id: int) -> bytes:
     """``make_block_hash_with_group_id(h, g) == h + group_suffix(g)``: a block hash is
     keyed in the prefix cache with its KV-cache group id appended (4 bytes, big endian)."""
     return group_id.to_bytes(4, "big")
+
+
+def engine_core_pools(core: Any) -> list:
+    """The ``BlockPool`` of an engine core's scheduler (a list: none without one)."""
+    manager = getattr(getattr(core, "scheduler", None), "kv_cache_manager", None)
+    pool = getattr(manager, "block_pool", None)
+    return [] if pool is None else [pool]
+
+
+def engine_core_queue(core: Any) -> Any:
+    """An ``EngineCoreProc``'s input queue (what its busy loop blocks on when idle)."""
+    return core.input_queue
+
+
+def engine_core_running(core: Any) -> bool:
+    return bool(core.is_running())
+
+
+def engine_wakeup_type() -> Any:
+    """The request type vLLM's busy loop takes off its input queue and ignores."""
+    from vllm.v1.engine import EngineCoreRequestType
+
+    return EngineCoreRequestType.WAKEUP
 
 
 # -- the scheduler ----------------------------------------------------------------------------

@@ -70,11 +70,20 @@ def install(policy: str | None, params: dict[str, Any] | None = None, *,
     """Patch the classes (once) and set the config new pools get (policy None: none)."""
     configure(EngineConfig(policy, params, generation, startup, watcher))
     vc.install(GROUP)
+    if watcher is not None and policy:   # an idle engine checks the file too
+        from anchorage.node_agent import idle_reload
+
+        why = vc.unsupported_reason(idle_reload.GROUP)
+        if why is None:
+            vc.install(idle_reload.GROUP)
+        else:
+            log.warning("anchorage: %s; ANCHORAGE_CONFIG is checked at scheduling only", why)
 
 
 def uninstall() -> None:
     """Give vLLM its own methods back (what an engine without the plugin runs)."""
     vc.uninstall(GROUP)
+    vc.uninstall("engine")   # node_agent.idle_reload
 
 
 def make_configured_policy(pool: Any) -> EvictionPolicy | None:

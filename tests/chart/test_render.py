@@ -358,6 +358,13 @@ def test_agentcachepolicy_targets_its_deployment(all_on_objects):
     assert qwen["policy"] == {"name": "cachewise"}
     assert qwen["metrics"]["selector"] == 'namespace="llm",model_name="qwen"'
     assert qwen["autoscaling"]["maxReplicas"] == 6 and qwen["tuning"]["enabled"] is True
+    # The engines' block size (the operator's capacity-miss signal counts in it) unless set.
+    assert qwen["tuning"]["blockSize"] == 16 and qwen["tuning"]["intervalSeconds"] == 600
+    own = render({"models": [{"name": "m", "model": "x", "blockSize": 32}]})
+    assert one(objects(own), "AgentCachePolicy")["spec"]["tuning"] == {"blockSize": 32}
+    set_ = render({"models": [{"name": "m", "model": "x", "blockSize": 32, "agentCachePolicy":
+                               {"spec": {"tuning": {"blockSize": 64}}}}]})
+    assert one(objects(set_), "AgentCachePolicy")["spec"]["tuning"] == {"blockSize": 64}
 
 
 def test_security_contexts(all_on_objects, default_objects):

@@ -177,6 +177,7 @@ class Prometheus:
              f"--web.listen-address={netns.NODE_IP}:{PROM_PORT}", "--log.level=warn"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         log.close()
+        self.started = time.time()
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
@@ -198,6 +199,18 @@ class Prometheus:
 
         with urllib.request.urlopen(f"{self.url}/api/v1/query?{urlencode({'query': expr})}",
                                     timeout=10) as r:
+            body = json.loads(r.read())
+        assert body["status"] == "success", body
+        return body["data"]["result"]
+
+    def query_range(self, expr: str, start: float, end: float, step_s: float = 5.0) -> list[dict]:
+        """The series ``expr`` has between ``start`` and ``end`` (what a Grafana panel draws
+        over its time range)."""
+        from urllib.parse import urlencode
+
+        q = urlencode({"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}",
+                       "step": f"{step_s:g}s"})
+        with urllib.request.urlopen(f"{self.url}/api/v1/query_range?{q}", timeout=30) as r:
             body = json.loads(r.read())
         assert body["status"] == "success", body
         return body["data"]["result"]

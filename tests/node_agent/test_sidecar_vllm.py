@@ -13,7 +13,8 @@ salted request, and warmed under that salt: an anonymous client hits none of it.
 
 The configuration test reads the plugin's own snapshot: the generation the engine runs is
 the one whose warm-up knobs are in force, and the versions it refuses (empty, truncated,
-parameters its policy rejects) are counted on the sidecar's /metrics.
+parameters its policy rejects) are counted on the sidecar's /metrics, and an idle engine (no
+request sent) applies a new document as well.
 """
 
 from __future__ import annotations
@@ -285,6 +286,14 @@ def test_the_engines_generation_is_in_force_and_every_refused_config_is_counted(
             await until(lambda: sc.config_generation == 4, "generation 4 in force")
             assert sc.scheduler.config.r_min == 0.2
             assert await scrape("anchorage_config_generation") == 4
+            # An idle engine applies a new document too (node_agent.idle_reload): no
+            # request is sent from here on.
+            write("generation: 5\npolicy: {name: hybrid, parameters: {rMin: 0.3}}\n...\n")
+            await until(lambda: sc.snapshot.config_generation == 5, "idle engine at generation 5",
+                        60)
+            await until(lambda: sc.config_generation == 5, "generation 5 in force")
+            assert sc.scheduler.config.r_min == 0.3
+            assert await scrape("anchorage_config_generation") == 5
         finally:
             sc.request_stop()
             await loop

@@ -196,6 +196,24 @@ def test_models_route_only_to_replicas_serving_them():
     assert [m["id"] for m in s.model_list()] == ["llama", "qwen"]
 
 
+def test_a_models_own_policy_routes_it_and_labels_its_requests():
+    """The operator's per-model document (``--config-dir``, as the chart mounts it) puts a
+    model on its own policy: its requests are counted under that policy, the others under
+    the command line's."""
+    s = state(policy="round_robin")
+    s.set_models(s.upstreams[0], [{"id": "llama"}])
+    s.set_models(s.upstreams[1], [{"id": "llama"}])
+    assert s.set_policy("llama", "session", {})
+    assert s.router_for("llama") is not s.router and s.policy_for("llama") == "session"
+    assert s.policy_for("qwen") == s.policy_for(None) == "round_robin"
+    for i, model in ((1, "llama"), (2, None)):
+        r = s.pick(ctx(i, session="a"), model=model)
+        s.finish(ctx(i, session="a"), r["replica"], "ok", model=model)
+    text = s.metrics_text().decode()
+    assert text.count('requests_total{outcome="ok",policy="session"') == 1
+    assert text.count('requests_total{outcome="ok",policy="round_robin"') == 1
+
+
 def test_decisions_shared_between_router_processes_reach_the_policy():
     from anchorage.router.sync import DecisionLog, PeerSync
 
