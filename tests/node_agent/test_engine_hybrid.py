@@ -111,23 +111,12 @@ def _generate(engine, blocks, prompts: list[list[int]]) -> list[int]:
     return [o.num_cached_tokens or 0 for o in outs]
 
 
-def _anchor_uses(kind: str, anchor: list[int], ids) -> list[list[int]]:
-    if kind == "sessions":   # 3 conversations of 2 turns, each extending its last prompt
-        hist = {s: [next(ids)] for s in range(3)}
-        first = [anchor + hist[s] for s in range(3)]
-        for s in range(3):
-            hist[s].append(next(ids))
-        return first + [anchor + hist[s] for s in range(3)]
-    return [anchor + [next(ids)] for _ in range(12)]   # one-shot calls sharing the anchor
-
-
-@pytest.mark.parametrize("uses,flood_blocks,batched", [
-    ("sessions", 4, False), ("one-shot", 8, False), ("one-shot", 4, True)])
-def test_without_metadata_an_anchor_survives_a_flood(engine, uses, flood_blocks, batched):
-    """The README's promise that metadata is optional: an agent anchor reused by several
-    requests (inferred sessions, or one-shot calls), then single-use prompts of three
-    times the pool's blocks, sent back to back (or in one ``generate`` call); only hybrid
-    keeps the anchor."""
+@pytest.mark.parametrize("flood_blocks,batched", [(8, False), (4, True)])
+def test_without_metadata_an_anchor_survives_a_flood(engine, flood_blocks, batched):
+    """The README's promise that metadata is optional: an agent anchor reused by 12
+    one-shot calls (12 inferred sessions), then single-use prompts of three times the
+    pool's blocks, sent back to back (or in one ``generate`` call); only hybrid keeps the
+    anchor."""
     from anchorage.drive.plan import TokenBlocks
 
     blocks = TokenBlocks(BS, 1024, seed=7)
@@ -136,8 +125,8 @@ def test_without_metadata_an_anchor_survives_a_flood(engine, uses, flood_blocks,
     for name in ("hybrid", None):
         ids = itertools.count(100)
         with policy(engine, name):
-            for p in _anchor_uses(uses, anchor, ids):
-                _generate(engine, blocks, [p])
+            for _ in range(12):
+                _generate(engine, blocks, [anchor + [next(ids)]])
             flood = [[next(ids) for _ in range(flood_blocks)] for _ in range(120 // flood_blocks)]
             hits = (_generate(engine, blocks, flood) if batched
                     else [_generate(engine, blocks, [p])[0] for p in flood])

@@ -72,7 +72,9 @@ class Scorer:
             if T is None:
                 mult = 1.0 / max(v.return_probability(sess, now), p.floor)
                 if sess.n == 1:
-                    add = v.done_gap * (1.0 / max(v.first_return(), p.floor) - 1.0)
+                    q = v.first_return()
+                    if q < 1.0:
+                        add = v.done_gap * (1.0 / max(q, p.floor) - 1.0)
         if p.transitions and v.transitions_open() and g.agent is not None and T != INF:
             pr, steps = v.thread_reach(sess, g.agent.fp)
             if pr is not None:
