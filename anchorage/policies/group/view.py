@@ -23,8 +23,9 @@ changing what is learned (only memoised results are cached):
 - ``first_return()``: the share of one-request sessions that came back before all their
   blocks left the cache, ``q = (hits + 1) / (hits + n + 2)`` over ``firsts`` (a session
   that returns after its blocks went counts in both), when ``q < 0.5`` (most of them do
-  not come back; with no evidence ``q = 0.5``); else 1 (the order stays recency's). Without session ids every prompt that continues no
-  conversation is such a session, and a flood of single-use prompts drives ``q`` to 0.
+  not come back; with no evidence ``q = 0.5``); else 1 (the order stays recency's).
+  Without session ids every prompt that continues no conversation is such a session,
+  and a flood of single-use prompts drives ``q`` to 0.
 - ``thread_survival(s, now, h)``: ``P(e < tau <= e + h | tau > e)`` from the histogram
   ``s`` is scored by (its tool's, else all gaps; 1 until ``min_samples`` gaps); 0 ended.
 - ``thread_reach(s, f)``: ``(p, steps)``, the probability that ``s`` calls agent ``f``

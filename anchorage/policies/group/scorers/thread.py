@@ -10,8 +10,9 @@ Group ``thread(s, f)``: session ``s``'s blocks past the shared prefix, with agen
     the elapsed time ``e`` since the session's last request; inf once it ended)
 
 or, when that is no signal (None), recency with ``mult = 1 / max(P(return | e), floor)``
-(``ModelView.return_probability``); for a session of one request also ``add = d (1 /
-max(q, floor) - 1)``, ``q = ModelView.first_return()``, ``d``: the mean time between
+(``ModelView.return_probability``); for a session of one request, when ``q =
+ModelView.first_return()`` is below 1, also ``add = d (1 / max(q, floor) - 1)``, ``d``:
+the mean time between
 completions (``done_gap``): a one-request session comes back with probability ``q`` and
 not before the next completion, so a fresh block of a flood of single-use prompts is not
 "just used" (recency's view of age 0). With transitions on, the gate open, and ``f`` known:
