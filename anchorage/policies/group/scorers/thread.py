@@ -12,10 +12,9 @@ Group ``thread(s, f)``: session ``s``'s blocks past the shared prefix, with agen
 or, when that is no signal (None), recency with ``mult = 1 / max(P(return | e), floor)``
 (``ModelView.return_probability``); for a session of one request, when ``q =
 ModelView.first_return()`` is below 1, also ``add = d (1 / max(q, floor) - 1)``, ``d``:
-the mean time between
-completions (``done_gap``): a one-request session comes back with probability ``q`` and
-not before the next completion, so a fresh block of a flood of single-use prompts is not
-"just used" (recency's view of age 0). With transitions on, the gate open, and ``f`` known:
+the mean time between completions (``done_gap``): a one-request session comes back with
+probability ``q`` and not before the next completion, so a fresh block of a flood of
+single-use prompts is not "just used" (recency's view of age 0). With transitions on, the gate open, and ``f`` known:
 ``(p, steps) = ModelView.thread_reach(s, f)`` (another agent: the learned reach from the
 session's current agent; its own: the stay probability), ``p`` floored at ``floor``
 (0.02), ``x = (steps - 1) g`` (``g``: the mean step gap):
