@@ -82,8 +82,10 @@ def install(policy: str | None, params: dict[str, Any] | None = None, *,
 
 def uninstall() -> None:
     """Give vLLM its own methods back (what an engine without the plugin runs)."""
+    from anchorage.node_agent import idle_reload
+
     vc.uninstall(GROUP)
-    vc.uninstall("engine")   # node_agent.idle_reload
+    vc.uninstall(idle_reload.GROUP)
 
 
 def make_configured_policy(pool: Any) -> EvictionPolicy | None:

@@ -94,7 +94,7 @@ def test_an_anchor_survives_a_flood_under_hybrid_and_not_under_stock(engine):
 # -- no request metadata: plain LLM.generate on the real clock ---------------------------------
 
 
-def _plain(engine, blocks, ids: list[int]) -> list[int]:
+def _plain(blocks, ids: list[int]) -> list[int]:
     """Token ids of a prompt of whole blocks plus a partial one (the block never cached)."""
     out = []
     for b in ids:
@@ -106,7 +106,7 @@ def _generate(engine, blocks, prompts: list[list[int]]) -> list[int]:
     """One ``LLM.generate`` call as a plain client makes it: no session id, no
     ``extra_args``, the engine's own (monotonic) policy clock; cached tokens per prompt."""
     sp = engine.SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
-    outs = engine.llm.generate([engine.TokensPrompt(prompt_token_ids=_plain(engine, blocks, p))
+    outs = engine.llm.generate([engine.TokensPrompt(prompt_token_ids=_plain(blocks, p))
                                 for p in prompts], sp, use_tqdm=False)
     return [o.num_cached_tokens or 0 for o in outs]
 

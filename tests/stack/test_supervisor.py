@@ -27,14 +27,9 @@ from tests.support.procs import free_port
 
 # an engine stand-in: /health on PORT; a grandchild in its process group that ignores
 # SIGTERM (vLLM's busy engine core does); exits 3 at start while FAIL_FILE exists
-CHILD = textwrap.dedent("""
-    import http.server, os, signal, subprocess, sys
-    port, fail_file, pid_file = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-    if os.path.exists(fail_file):
-        sys.exit(3)
-    core = subprocess.Popen([sys.executable, "-c",
-        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
-    open(pid_file, "w").write(str(core.pid))
+# the end of every child script: answer 200 "ok" on 127.0.0.1:port
+SERVE_OK = textwrap.dedent("""
+    import http.server
     class H(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
             self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
@@ -42,6 +37,16 @@ CHILD = textwrap.dedent("""
             pass
     http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
 """)
+
+CHILD = textwrap.dedent("""
+    import os, signal, subprocess, sys
+    port, fail_file, pid_file = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    if os.path.exists(fail_file):
+        sys.exit(3)
+    core = subprocess.Popen([sys.executable, "-c",
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
+    open(pid_file, "w").write(str(core.pid))
+""") + SERVE_OK
 
 
 def run_until(sup: Supervisor, pred, timeout_s: float = 30.0) -> list[str]:
@@ -214,18 +219,12 @@ def test_stack_reports_when_nothing_can_serve(tmp_path):
 
 # serves on PORT, except the one start that finds HANG_FILE: that one never answers
 HANGING_ONCE = textwrap.dedent("""
-    import http.server, os, sys, time
+    import os, sys, time
     port, hang_file = int(sys.argv[1]), sys.argv[2]
     if os.path.exists(hang_file):
         os.remove(hang_file)
         time.sleep(600)
-    class H(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
-        def log_message(self, *a):
-            pass
-    http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
-""")
+""") + SERVE_OK
 
 
 def test_a_hung_restart_is_restarted_after_a_multiple_of_the_first_start(tmp_path):
