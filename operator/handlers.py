@@ -1,20 +1,20 @@
-"""kopf handlers for AgentCachePolicy: create, update, resume and a periodic timer all run
-one ``reconcile`` pass; the result is patched into ``status`` and posted as Events.
+"""kopf handlers for AgentCachePolicy: create, spec update and resume run one ``reconcile``
+pass, and so does the periodic resync (``anchorage.operator.resync``, every interval); the
+result is patched into ``status`` and posted as Events.
 
 Run with ``anchorage operator`` (or ``kopf run -m anchorage.operator.handlers``). Several
 replicas may run: kopf peering (``--peering``, default ``anchorage``) keeps one active.
-Environment: ``ANCHORAGE_OPERATOR_INTERVAL_S`` (timer period, default 15 s),
+Environment: ``ANCHORAGE_OPERATOR_INTERVAL_S`` (resync period, default 15 s),
 ``ANCHORAGE_OPERATOR_METRICS_PORT`` (the operator's own /metrics; unset or 0: not served),
 ``ANCHORAGE_OPERATOR_PEERING_LIFETIME_S`` (how long a silent peer counts as alive, i.e. how
 soon a standby replica takes over from a killed active one; kopf's default 60 s),
 ``ANCHORAGE_OPERATOR_NAMESPACES`` (comma-separated namespaces watched; empty: all).
 
-Finalizers: kopf puts its finalizer on every policy because of the timer (so that the timer
-is stopped before the object goes). A policy deleted while a timer pass runs is re-checked
-every second (kopf's default is a minute), and an exiting operator releases the finalizers
-it holds: otherwise a policy deleted together with the operator (``helm uninstall``, a
-namespace deletion) would stay Terminating forever. The next operator to start puts them
-back on the policies that still exist.
+Finalizers: none. The periodic pass is the operator's own loop, not a kopf timer, because
+kopf puts a finalizer on every object a timer serves, and a policy deleted together with
+the operator (``helm uninstall``, a namespace deletion) then stays Terminating forever
+(see ``resync``). A finalizer an earlier version left on a policy is taken off by kopf
+the first time it sees that policy (no handler requires one).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from typing import Any
 import kopf
 
 from anchorage.operator import metrics as op_metrics
-from anchorage.operator.kube import KubeIO, release_finalizer
+from anchorage.operator import resync
+from anchorage.operator.kube import KubeIO
 from anchorage.operator.prometheus import PrometheusClient
 from anchorage.operator.reconcile import reconcile
 
@@ -37,6 +38,7 @@ INTERVAL_S = float(os.environ.get("ANCHORAGE_OPERATOR_INTERVAL_S", "15"))
 
 _kube: KubeIO | None = None
 _prom: dict[str, PrometheusClient] = {}
+_resync: resync.Resync | None = None
 
 
 @kopf.on.login()
@@ -78,29 +80,27 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         # keep-alives are sent every max(1, lifetime - 5..10) s, so >= 2 s leaves a margin
         settings.peering.lifetime = max(2, int(float(lifetime)))
     settings.watching.server_timeout = 60
-    # A timer pass (a sync handler in a thread) cannot be interrupted: when its policy is
-    # deleted mid-pass, check again in a second, not kopf's default minute.
-    settings.background.cancellation_polling = 1.0
     settings.background.instant_exit_timeout = 0.1
+    start_resync(settings)
+
+
+def start_resync(settings: kopf.OperatorSettings) -> None:
+    """Start the periodic pass (``resync``) with kopf's final peering settings."""
+    global _resync
+    watched = os.environ.get("ANCHORAGE_OPERATOR_NAMESPACES", "")
+    p = settings.peering
+    _resync = resync.Resync(
+        _kube.api, _periodic_pass, interval_s=INTERVAL_S,
+        namespaces=tuple(n for n in watched.split(",") if n),
+        peering=resync.Peering(name=p.name, standalone=p.standalone, mandatory=p.mandatory,
+                               clusterwide=p.clusterwide, priority=p.priority,
+                               identity=os.environ.get("POD_ID"))).start()
 
 
 @kopf.on.cleanup()
-def release_finalizers(settings: kopf.OperatorSettings, logger: Any, **_: Any) -> None:
-    """On exit, take this operator's finalizer off the policies it watches (see the module
-    docstring); a failure is logged, never raised (the operator is exiting anyway)."""
-    if _kube is None:
-        return
-    watched = os.environ.get("ANCHORAGE_OPERATOR_NAMESPACES", "")
-    namespaces = tuple(n for n in watched.split(",") if n)
-    try:
-        released = release_finalizer(_kube.api, GROUP, VERSION, PLURAL,
-                                     settings.persistence.finalizer, namespaces)
-    except Exception as e:  # noqa: BLE001
-        logger.warning("could not release finalizers on exit: %s", e)
-        return
-    if released:
-        logger.info("released the finalizer of %d policies on exit: %s", len(released),
-                    ", ".join(released))
+def stop_resync(**_: Any) -> None:
+    if _resync is not None:
+        _resync.stop()
 
 
 def _metrics_for(url: str) -> PrometheusClient:
@@ -109,32 +109,39 @@ def _metrics_for(url: str) -> PrometheusClient:
     return _prom[url]
 
 
-def _run(body: kopf.Body, patch: kopf.Patch, reason: str, logger: Any) -> None:
+def _pass(body: Mapping[str, Any]) -> tuple[dict[str, Any], list]:
+    """One reconcile pass on ``body``: the status to merge and the Events to post."""
     meta = body["metadata"]
     spec = dict(body.get("spec") or {})
-    try:
-        res = reconcile(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"],
-                        generation=meta.get("generation"), spec=spec,
-                        status=dict(body.get("status") or {}), kube=_kube,
-                        metrics_for=_metrics_for, now_s=time.time())
-    except Exception:
-        op_metrics.record_error(meta["namespace"], meta["name"])
-        raise
+    with resync.lock_for(meta["uid"]):
+        try:
+            res = reconcile(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"],
+                            generation=meta.get("generation"), spec=spec,
+                            status=dict(body.get("status") or {}), kube=_kube,
+                            metrics_for=_metrics_for, now_s=time.time())
+        except Exception:
+            op_metrics.record_error(meta["namespace"], meta["name"])
+            raise
     op_metrics.record(meta["namespace"], meta["name"], spec, res.status, res.facts)
-    for k, v in res.status.items():
-        patch.status[k] = v
-    for ev in res.events:
-        kopf.event(body, type=ev.type, reason=ev.reason, message=ev.message)
-        logger.info("%s: %s", ev.reason, ev.message)
+    return res.status, res.events
+
+
+def _periodic_pass(body: dict) -> tuple[dict[str, Any], list]:
+    status, events = _pass(body)
+    meta = body["metadata"]
+    for ev in events:
+        resync.log.info("[%s/%s] %s: %s", meta["namespace"], meta["name"], ev.reason,
+                        ev.message)
+    return status, events
 
 
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 def reconcile_on_change(body: kopf.Body, patch: kopf.Patch, logger: Any, **_: Any) -> None:
-    _run(body, patch, "change", logger)
-
-
-@kopf.timer(GROUP, VERSION, PLURAL, interval=INTERVAL_S, initial_delay=INTERVAL_S)
-def reconcile_periodically(body: kopf.Body, patch: kopf.Patch, logger: Any, **_: Any) -> None:
-    _run(body, patch, "timer", logger)
+    status, events = _pass(body)
+    for k, v in status.items():
+        patch.status[k] = v
+    for ev in events:
+        kopf.event(body, type=ev.type, reason=ev.reason, message=ev.message)
+        logger.info("%s: %s", ev.reason, ev.message)

@@ -27,7 +27,7 @@ def register(sub) -> None:
                    help="seconds a silent peer still counts as alive: a standby replica takes "
                         "over this long after the active one dies (default 60)")
     p.add_argument("--interval-s", type=float, default=None,
-                   help="reconcile timer period in seconds (default 15)")
+                   help="periodic reconcile (resync) period in seconds (default 15)")
     p.add_argument("--liveness", default=None,
                    help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
     p.add_argument("--metrics-port", type=int, default=8080,
@@ -37,6 +37,17 @@ def register(sub) -> None:
                         "Prometheus can scrape it)")
     p.add_argument("--verbose", action="store_true")
     p.set_defaults(func=run)
+
+
+def _own_id() -> str:
+    """An identity as kopf makes one outside a pod (user@host/start/random)."""
+    import getpass
+    import secrets
+    import socket
+    import time
+
+    return f"{getpass.getuser()}@{socket.gethostname()}/{time.strftime('%Y%m%d%H%M%S')}/" \
+           f"{secrets.token_hex(3)}"
 
 
 def run(args) -> int:
@@ -55,6 +66,8 @@ def run(args) -> int:
     os.environ["ANCHORAGE_OPERATOR_METRICS_PORT"] = str(args.metrics_port)
     os.environ["ANCHORAGE_OPERATOR_METRICS_HOST"] = args.metrics_host
     os.environ["ANCHORAGE_OPERATOR_NAMESPACES"] = ",".join(args.namespace or ())
+    # kopf's peering identity; the periodic resync must know which peering entry is its own
+    os.environ.setdefault("POD_ID", _own_id())
     try:
         import kopf
     except ImportError:

@@ -97,6 +97,19 @@ class OperatorProcess:
     def output(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
+    def metric_total(self, name: str, **labels: str) -> float:
+        """The sum of the operator's /metrics samples ``name`` with these labels."""
+        import urllib.request
+
+        from prometheus_client.parser import text_string_to_metric_families
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics",
+                                    timeout=5) as r:
+            text = r.read().decode()
+        return sum(s.value for fam in text_string_to_metric_families(text)
+                   for s in fam.samples
+                   if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
     def forbidden(self) -> list[str]:
         """Log lines of requests the API server refused (403)."""
         return [ln for ln in self.output().splitlines()
