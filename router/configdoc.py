@@ -9,7 +9,10 @@ dropping requests.
 document that is empty, truncated, unparsable or names an unknown policy/parameter is
 refused: the policy in force stays, ``anchorage_router_config_rejected_total`` counts it
 and the log says why. ``ConfigWatch`` polls one file (every model) or a directory of
-``<model>/anchorage.yaml`` (one policy per model, as the chart mounts them); a change is
+``<model>/anchorage.yaml`` (one policy per model, as the chart mounts them, at the model's
+*served* name, the ``model`` field requests carry; a served name with ``/``, such as
+``meta-llama/Llama-3.1-8B``, is a nested directory; the kubelet's ``..data`` and
+timestamped entries of a ConfigMap volume are skipped); a change is
 applied between two requests (the event loop runs one at a time): requests in flight
 finish on the replica they were sent to.
 """
@@ -52,9 +55,11 @@ class ConfigWatch:
         if self.file:
             out.append((None, Path(self.file)))
         if self.directory and os.path.isdir(self.directory):
-            for d in sorted(Path(self.directory).iterdir()):
-                if (d / DATA_KEY).is_file():
-                    out.append((d.name, d / DATA_KEY))
+            for here, dirs, files in os.walk(self.directory, followlinks=True):
+                dirs[:] = sorted(d for d in dirs if not d.startswith(".."))
+                model = os.path.relpath(here, self.directory).replace(os.sep, "/")
+                if DATA_KEY in files and model != ".":
+                    out.append((model, Path(here) / DATA_KEY))
         return out
 
     def poll(self) -> None:

@@ -650,3 +650,44 @@ def test_long_names_stay_valid():
     cm = [v["configMap"]["name"] for v in dep["spec"]["template"]["spec"]["volumes"] if "configMap" in v]
     assert cm == [acp["metadata"]["name"] + "-anchorage"]
     assert acp["spec"]["targetRef"]["name"] == dep["metadata"]["name"]
+
+
+def test_router_reads_a_models_policy_under_its_served_name(tmp_path):
+    """Requests name a model by its served name (``servedModelName``, default ``name``): the
+    router mounts each model's policy ConfigMap there, so a request for
+    ``meta-llama/Llama-3.1-8B`` runs that model's routing policy. The mounts are laid out as
+    the kubelet does a ConfigMap volume (``..data`` links to a timestamped directory)."""
+    from anchorage.router.config import RouterConfig
+    from anchorage.router.configdoc import ConfigWatch
+    from anchorage.router.state import RoutingState
+
+    values = deployment_router_values()
+    values["models"] = [model("llama", servedModelName="meta-llama/Llama-3.1-8B"),
+                        model("qwen")]
+    docs = objects(render(values))
+    router = one(docs, "Deployment", "-router")
+    cont = router["spec"]["template"]["spec"]["containers"][0]
+    vols = {v["name"]: v for v in router["spec"]["template"]["spec"]["volumes"]}
+    args = cont.get("args", []) + cont.get("command", [])
+    config_dir = next(a.split("=", 1)[1] for a in args if a.startswith("--config-dir="))
+    policies = {"llama": "session", "qwen": "round_robin"}
+    for m in cont["volumeMounts"]:
+        if not m["name"].startswith("config-"):
+            continue
+        which = m["name"][len("config-"):]
+        assert vols[m["name"]]["configMap"]["name"].startswith(f"{RELEASE}-anchorage-{which}")
+        mount = tmp_path / m["mountPath"].lstrip("/")
+        stamp = mount / "..2026_12_01_12_00_00.1"
+        stamp.mkdir(parents=True)
+        (stamp / "anchorage.yaml").write_text(
+            f"generation: 1\npolicy: {{name: hybrid}}\n"
+            f"routing: {{policy: {policies[which]}, weights: {{}}}}\n...\n")
+        (mount / "..data").symlink_to(stamp.name)
+        (mount / "anchorage.yaml").symlink_to("..data/anchorage.yaml")
+    s = RoutingState(RouterConfig(replicas=["http://127.0.0.1:1"]).validate())
+    w = ConfigWatch(s, directory=str(tmp_path / config_dir.lstrip("/")))
+    w.poll()
+    assert w.status() == {"generation": {"meta-llama/Llama-3.1-8B": 1, "qwen": 1}, "errors": {}}
+    assert s.policy_for("meta-llama/Llama-3.1-8B") == "session"
+    assert s.policy_for("qwen") == "round_robin"
+    assert s.policy_for("llama") == s.policy_for(None)      # not a name requests carry

@@ -77,14 +77,14 @@ app.kubernetes.io/instance={{ .Release.Name }},app.kubernetes.io/component=model
 {{- end }}
 {{- end -}}
 
-{{/* Each model's policy ConfigMap (written by the operator) at /etc/anchorage/models/<model>/
+{{/* Each model's policy ConfigMap (written by the operator) at /etc/anchorage/models/<served name>/
 (the issue's contract: the router mounts the effective configuration). */}}
 {{- define "anchorage.routerVolumeMounts" -}}
 - {name: tmp, mountPath: /tmp}
 - {name: dshm, mountPath: /dev/shm}
 {{- range .Values.models }}
 - name: config-{{ .name }}
-  mountPath: /etc/anchorage/models/{{ .name }}
+  mountPath: /etc/anchorage/models/{{ include "anchorage.servedModelName" . }}
   readOnly: true
 {{- end }}
 {{- end -}}
