@@ -53,8 +53,10 @@ ROLE_ORDER = ("peer", "anchorage", "ablation", "limit", "paper")
 PEERS = ["stock", "smg", "llm-d", "llm-d+offload", "dynamo", "dynamo+thunderagent",
          "production-stack", "continuum"]
 FULL_STACKS = PEERS + ["anchorage", "anchorage-routing", "anchorage-eviction",
-                       "anchorage-admission", "anchorage-host", "anchorage-gate",
-                       "anchorage-spatial", "limit-hbm", "limit-host"]
+                       "anchorage-admission", "anchorage-host", "anchorage-tokencake",
+                       "anchorage-tokencake-gate", "anchorage-tokencake-spatial",
+                       "anchorage-thunderagent", "limit-hbm",
+                       "limit-host"]
 QUICK_STACKS = PEERS + ["anchorage", "limit-hbm"]
 # per workload: loads swept, replicas, seeds, sessions per slot, sessions at least. CPU
 # per run: WEKA 3-25 s, SWE 1-30 s, Mooncake ~10 s; on a 2-core machine at load average

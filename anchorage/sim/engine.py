@@ -40,7 +40,8 @@ Counters per admission: ``prefill_tokens`` (prompt plus resumed output) = ``hit_
 
 Host tier (optional, ``anchorage.tiering.sim``): a replica with ``tiering`` set calls its
 hooks: ``on_arrival`` (a request is queued), ``on_step`` (each step plan: due transfers),
-``order_waiting`` (admission priority), ``on_admit`` (blocks reloaded ahead of time count
+``order_waiting`` (admission priority, when the tier ``orders_waiting``: the spatial
+reservation's; otherwise the replica's ``admission`` order applies), ``on_admit`` (blocks reloaded ahead of time count
 as host hits; the prompt's continuation held in host memory is reloaded before use: the
 request holds its blocks but is not scheduled until ``ready_s``) and ``on_turn_end``
 (a request completed: the offload decision). When every running request waits for a
@@ -286,8 +287,9 @@ class Replica:
         p, waiting, pool, running = self.profile, self.waiting, self.pool, self.running
         tier = self.tiering
         stalled = False
-        if tier is not None and waiting:
-            tier.order_waiting(now)
+        if tier is not None and tier.orders_waiting:
+            if waiting:
+                tier.order_waiting(now)
         elif self.admission == "prefix-aware" and len(waiting) > 1:
             queues.order_prefix_aware(self, now)
         elif self.admission == "program-fcfs" and len(waiting) > 1:

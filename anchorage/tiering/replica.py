@@ -219,6 +219,12 @@ class SimTiering:
             t = self.spatial._next
         return t
 
+    @property
+    def orders_waiting(self) -> bool:
+        """Whether the tier orders the waiting queue (the spatial reservation does);
+        otherwise the replica's admission order stands."""
+        return self.spatial is not None
+
     def order_waiting(self, now: float) -> None:
         if self.spatial is not None:
             self.spatial.order_waiting()

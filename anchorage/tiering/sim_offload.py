@@ -200,6 +200,8 @@ class SimOffload:
             t = self._due[0][0]
         return t
 
+    orders_waiting = False   # the replica's admission order stands
+
     def order_waiting(self, now: float) -> None:
         return
 

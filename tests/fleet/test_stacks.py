@@ -38,8 +38,8 @@ def test_every_peer_named_and_configured_as_it_ships():
 def test_anchorage_ablations_change_exactly_one_component():
     full = get_stack("anchorage")
     assert (full.router, full.policy, full.admission, full.tiering) == (
-        "agent", "hybrid", "prefix-aware", "tokencake")
-    fields = ("router", "policy", "admission", "tiering")
+        "agent", "hybrid", "prefix-aware", "store-all")
+    fields = ("router", "policy", "admission", "tiering", "program_gate")
     for n in stack_names("ablation"):
         a = get_stack(n)
         changed = [f for f in fields if getattr(a, f) != getattr(full, f)]

@@ -55,3 +55,24 @@ def test_tokencake_as_published_holds_every_rejected_stall():
                         GateParams(hold_rejected=True)) == "hold"
     assert stall_action(Decision(True, "ok", 1.0), 10.0, 1.0,
                         GateParams(hold_rejected=True)) == "offload"
+
+
+@pytest.mark.parametrize("mode,orders", [("store-all", "admission"), ("offload", "admission"),
+                                         ("tokencake", "spatial")])
+def test_the_replicas_admission_order_stands_unless_the_tier_has_its_own(monkeypatch, mode,
+                                                                         orders):
+    """A host tier without a spatial reservation leaves the waiting queue to the replica's
+    ``admission`` (prefix-aware here), as the engine's scheduler does under the offloading
+    connector; before, any tier silently replaced it with FCFS."""
+    from dataclasses import replace
+
+    from anchorage.sim import queues
+
+    calls = []
+    real = queues.order_prefix_aware
+    monkeypatch.setattr(queues, "order_prefix_aware",
+                        lambda rep, now: (calls.append(now), real(rep, now))[1])
+    recs, ctxs = workload()
+    c = replace(cfg(cap=300), admission="prefix-aware")
+    simulate_tiered(recs, ctxs, c, "lru", "session", tiering=TieringConfig(mode=mode))
+    assert bool(calls) == (orders == "admission"), (mode, len(calls))

@@ -3,18 +3,28 @@ switched to the strongest peer's choice for that component.
 
 Components (Anchorage's defaults): routing ``agent`` (``anchorage.routing.agent``), GPU
 eviction ``hybrid``, admission ``prefix-aware`` (``anchorage.policies.admission``), host
-tier ``tokencake`` (the temporal gate, demotion and warm-up of ``anchorage.tiering``, plus
-the spatial reservation). Ablations (``anchorage-<component>``):
+tier ``store-all`` (every turn's new blocks stored in host memory, reloaded at admission:
+what the engine's offloading connector does, and what the peers do). The gated tier
+``tokencake`` (the temporal gate, demotion and warm-up of ``anchorage.tiering``, plus the
+spatial reservation) was the default until the ablations at WEKA's knee measured it below
+store-all (0.168 vs 0.227 turns/s/GPU within the SLO, docs/research/fleet.md); it
+stays as the variant ``anchorage-tokencake``, with its own two ablations. Ablations
+(``anchorage-<component>``):
 
 - ``-routing``: llm-d's scheduler (``llm_d``: precise prefix, KV utilisation and queue
   scorers), the router of the strongest peer on WEKA in the first runs (llm-d with CPU
   offload);
 - ``-eviction``: vLLM's LRU (every peer's);
 - ``-admission``: FCFS (vLLM's);
-- ``-host``: the peers' host policy, every turn's new blocks stored, reloaded at admission
-  (``store-all``: vLLM's offloading connector, LMCache, KVBM);
-- ``-gate``: every tool stall offloaded and reloaded, no gate (``naive-incremental``);
-- ``-spatial``: no spatial reservation (``temporal``).
+- ``-host``: no host tier (``off``), the GPU cache alone.
+
+Variants of the gated tier: ``anchorage-tokencake`` (``tokencake``), and its ablations
+``anchorage-tokencake-gate`` (every tool stall offloaded and reloaded, no gate:
+``naive-incremental``) and ``anchorage-tokencake-spatial`` (no spatial reservation:
+``temporal``). ``anchorage-thunderagent``: ThunderAgent's program gate (pause and resume
+of programs by KV capacity, ``anchorage.sim.programs``) above Anchorage's engine policies;
+the gate places programs itself, so Anchorage's router is not used. The router has no
+program gate yet: this row measures what one would add, it is not a deployable stack.
 
 Prefetch (CacheScout's between-step warm-up) is not part of the simulator, so it has no
 ablation here.
@@ -25,23 +35,33 @@ from dataclasses import replace
 from anchorage.fleet.spec import StackSpec
 
 FULL = StackSpec(
-    name="anchorage", peer="Anchorage (agent routing, hybrid, prefix-aware, tokencake)",
+    name="anchorage", peer="Anchorage (agent routing, hybrid, prefix-aware, store-all host)",
     source="anchorage/routing/agent.py, policies/hybrid.py, policies/admission.py, "
-           "tiering/ (controller, temporal, spatial)",
+           "tiering/replica.py (store-all)",
     role="anchorage", router="agent", policy="hybrid", admission="prefix-aware",
-    tiering="tokencake")
+    tiering="store-all")
 
 ABLATIONS = {
     "routing": dict(router="llm_d"),
     "eviction": dict(policy="lru"),
     "admission": dict(admission="fcfs"),
-    "host": dict(tiering="store-all"),
-    "gate": dict(tiering="naive-incremental"),
-    "spatial": dict(tiering="temporal"),
+    "host": dict(tiering="off"),
+}
+VARIANTS = {
+    "tokencake": dict(tiering="tokencake"),
+    "tokencake-gate": dict(tiering="naive-incremental"),
+    "tokencake-spatial": dict(tiering="temporal"),
+    "thunderagent": dict(program_gate="thunderagent"),
 }
 
+AS = {"routing": "llm-d's scheduler", "eviction": "vLLM's LRU", "admission": "FCFS",
+      "host": "no host tier, as stock vLLM"}
 STACKS = {"anchorage": FULL}
 for comp, change in ABLATIONS.items():
     name = f"anchorage-{comp}"
     STACKS[name] = replace(FULL, name=name, role="ablation",
-                           peer=f"Anchorage, {comp} as the peers do it", **change)
+                           peer=f"Anchorage, {comp}: {AS[comp]}", **change)
+for var, change in VARIANTS.items():
+    name = f"anchorage-{var}"
+    STACKS[name] = replace(FULL, name=name, role="ablation",
+                           peer=f"Anchorage, {var}", **change)
