@@ -32,8 +32,7 @@ from anchorage.operator import resync
 from anchorage.operator.kube import KubeIO
 from anchorage.operator.prometheus import PrometheusClient
 from anchorage.operator.reconcile import reconcile
-
-GROUP, VERSION, PLURAL = "anchorage.dev", "v1alpha1", "agentcachepolicies"
+from anchorage.operator.resync import GROUP, PLURAL, VERSION
 INTERVAL_S = float(os.environ.get("ANCHORAGE_OPERATOR_INTERVAL_S", "15"))
 
 _kube: KubeIO | None = None

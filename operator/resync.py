@@ -48,7 +48,8 @@ from kubernetes.client.rest import ApiException
 
 log = logging.getLogger("anchorage.operator.resync")
 
-GROUP, VERSION, PLURAL, KIND = "anchorage.dev", "v1alpha1", "agentcachepolicies", "AgentCachePolicy"
+GROUP, VERSION, PLURAL = "anchorage.dev", "v1alpha1", "agentcachepolicies"
+KIND = "AgentCachePolicy"
 COMPONENT = "anchorage-operator"
 
 _locks: dict[str, threading.Lock] = {}
