@@ -13,16 +13,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
-import subprocess
 import sys
-import time
 
 import httpx
 import pytest
 
 from tests.chart.conftest import model, objects, one, render
 from tests.conftest import need_module
+from tests.support.procs import free_port, spawn, stop, wait_until
 
 BLOCK, BLOCKS = 32, 256
 TOKENS = 1500
@@ -61,9 +59,7 @@ def test_sigterm_mid_stream_drains_the_request(tmp_path):
     drain = [a for a in args if a.startswith("--shutdown-timeout=")]
     assert drain == ["--shutdown-timeout=60"]
     tiny = write_tiny_model(tmp_path / "tiny-llama")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANCHORAGE_")}
     env.update(OMP_NUM_THREADS="1", VLLM_NO_USAGE_STATS="1", HOME=str(tmp_path),
                VLLM_HOST_IP="127.0.0.1")
@@ -74,21 +70,11 @@ def test_sigterm_mid_stream_drains_the_request(tmp_path):
            "--max-model-len", str(BLOCKS * BLOCK // 2), "--host", "127.0.0.1",
            "--port", str(port), *drain]
     log_path = tmp_path / "vllm.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                cwd=tmp_path)
+    proc = spawn(cmd, log_path, env=env, cwd=tmp_path)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 400
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.time() > deadline:
-                raise AssertionError("vLLM did not start:\n" + log_path.read_text()[-3000:])
-            time.sleep(1)
+        wait_until(lambda: httpx.get(url + "/health", timeout=2).status_code == 200,
+                   "vLLM", 400, proc, log_path)
         body = {"model": "tiny", "prompt": [5, 6, 7, 8], "max_tokens": TOKENS,
                 "ignore_eos": True, "stream": True, "detokenize": False,
                 "stream_options": {"include_usage": True}}
@@ -114,6 +100,4 @@ def test_sigterm_mid_stream_drains_the_request(tmp_path):
         out = log_path.read_text()
         assert "mode=drain" in out, out[-3000:]
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
+        stop(proc)
