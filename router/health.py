@@ -1,7 +1,8 @@
 """Active health of the upstreams, per router process: every ``health_interval_s`` each
 replica's ``GET /health`` (a failure counts like a transport failure; a success readmits
 an ejected replica, and ``RoutingState`` then forgets its model of that replica's
-cache), its vLLM gauges from ``/metrics`` (queue and KV usage for the load signal) and,
+cache), its vLLM gauges from ``/metrics`` (queue and KV usage for the load signal, whether it
+keeps a host-memory KV tier) and,
 until known and then every ``MODELS_EVERY`` rounds, the models it serves from
 ``/v1/models`` (model-aware routing)."""
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from anchorage.router.state import RoutingState, Upstream, parse_vllm_gauges
+from anchorage.router.state import RoutingState, Upstream, has_host_tier, parse_vllm_gauges
 
 log = logging.getLogger("anchorage.router")
 MODELS_EVERY = 15
@@ -37,6 +38,7 @@ async def probe_once(state: RoutingState, client, round_no: int = 0,
                 up.waiting = int(g.get("waiting", 0))
                 up.running = int(g.get("running", 0))
                 up.kv_usage = float(g.get("kv_usage", 0.0))
+                up.host_tier = has_host_tier(m.text)
         except Exception:  # noqa: BLE001 - metrics are optional
             pass
         if not up.models or round_no % MODELS_EVERY == 0:

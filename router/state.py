@@ -20,6 +20,9 @@ Load signal handed to the policy (``ReplicaView``), per replica:
   router, vllm:num_requests_running + waiting) - waiting`` (the scrape, every
   ``health_interval_s``, sees every client's requests; the in-flight count is fresh);
 - ``kv_usage`` = ``vllm:kv_cache_usage_perc``;
+- ``host_tier``: the last scrape has ``vllm:kv_offload_*`` samples (vLLM's offloading
+  connector exports them from its start, Anchorage's host tier included) or ``lmcache:``
+  ones (LMCache's connector): the replica keeps evicted KV in host memory;
 - ``queued_tokens``: vLLM exports no token-denominated queue gauge (0.32), so the router
   estimates it from what it sent: each request adds ``input_length - predicted cached
   tokens`` (the policy's ``predicted_hit_blocks`` x tokens per key) when it is sent, and
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import re
 import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -60,12 +64,22 @@ class Upstream:
     waiting: int = 0           # scraped
     running: int = 0           # scraped
     kv_usage: float = 0.0      # scraped
+    host_tier: bool = False    # scraped: it exports host-tier (KV offload) series
     queued_tokens: int = 0     # estimated: prompts sent, no first byte yet
     failures: int = 0          # transport failures of distinct requests since an answer
     peer_inflight: int = 0     # in flight from the other router replicas (sync)
     models: tuple = ()         # served model ids (from the replica's /v1/models)
     model_entries: tuple = ()  # the replica's /v1/models data entries
     ejected_once: bool = False # ejected since added: readmission forgets its model
+
+
+_HOST_TIER = re.compile(r"^(?:vllm:kv_offload_|lmcache:)", re.M)
+
+
+def has_host_tier(text: str) -> bool:
+    """The scraped /metrics text is of an engine with a host-memory KV tier (a sample
+    line of vLLM's offloading connector or of LMCache; comments do not count)."""
+    return _HOST_TIER.search(text) is not None
 
 
 def parse_vllm_gauges(text: str) -> dict[str, float]:
@@ -199,7 +213,7 @@ class RoutingState:
             out.append(ReplicaView(index=u.id, name=u.url, healthy=mine < cap,
                                    running=max(mine, u.running + u.waiting) - u.waiting,
                                    waiting=u.waiting, kv_usage=u.kv_usage,
-                                   queued_tokens=u.queued_tokens))
+                                   queued_tokens=u.queued_tokens, host_tier=u.host_tier))
         return out
 
     # -- decisions ------------------------------------------------------------------
@@ -319,7 +333,8 @@ class RoutingState:
         return [{"id": u.id, "url": u.url, "healthy": u.healthy, "inflight": u.inflight,
                  "peer_inflight": u.peer_inflight, "failures": u.failures,
                  "waiting": u.waiting, "running": u.running, "kv_usage": u.kv_usage,
-                 "queued_tokens": u.queued_tokens, "models": list(u.models),
+                 "queued_tokens": u.queued_tokens, "host_tier": u.host_tier,
+                 "models": list(u.models),
                  "kv_events_applied": self.kv_events_applied}
                 for u in self.upstreams.values()]
 

@@ -38,7 +38,12 @@ Spec, per request ``q`` at time ``t`` over the healthy replicas ``H`` (``n = |H|
 - Decision: (1) a known thread goes to its replica ``h`` (the one holding its history)
   unless ``h`` is gone, or ``h`` is overloaded *and* ``load_h - min(load) > w(m_h)``
   (``m_h``: the thread's blocks the router's model holds on ``h``): moving re-prefills the
-  history elsewhere, so a long thread waits out a burst that a short one escapes;
+  history elsewhere, so a long thread waits out a burst that a short one escapes. When
+  ``h`` keeps a host tier (``ReplicaView.host_tier``) the history outlives its GPU
+  eviction there: ``m_h`` is at least the thread's previous prompt (in blocks), and a
+  full GPU cache (``kv_usage >= kv_spill``) alone does not make ``h`` overloaded for it
+  (the queue rule still does): a full cache is the steady state of a tiered replica at
+  load, and leaving it re-prefills the whole history on a replica as full;
   (2) otherwise, to the member of ``P_a`` that is not
   overloaded with the longest prefix match in the router's model (the thread's history
   when it moved), then least load; a *new* thread (no history to lose) treats members as
@@ -157,7 +162,8 @@ class AgentRouter(Router):
         self._commit: dict[int, float] = defaultdict(float)   # C_r, scaled
         self.agents = BoundedLRU(max_agents, max_table_bytes,       # agent -> (scaled, members)
                                  on_evict=lambda a, st: self._drop(st))
-        self.sessions = BoundedLRU(max_sessions, max_table_bytes)  # thread -> replica
+        # thread -> (replica, blocks of its previous prompt)
+        self.sessions = BoundedLRU(max_sessions, max_table_bytes)
         self.index = PrefixIndex(capacity_blocks)
         self._caps: list = []
         self.spills = 0
@@ -245,8 +251,8 @@ class AgentRouter(Router):
             return 1
         return max(1, min(n, math.ceil(self.spread * n * a_load / total - 1e-9)))
 
-    def _bind(self, skey: Hashable, replica: int) -> None:
-        self.sessions[skey] = replica
+    def _bind(self, skey: Hashable, replica: int, blocks: int) -> None:
+        self.sessions[skey] = (replica, blocks)
 
     # -- decision ---------------------------------------------------------------------
     def pick(self, ctx: RequestContext, replicas: Sequence[ReplicaView]) -> int:
@@ -277,15 +283,23 @@ class AgentRouter(Router):
         keys = ctx.keys
         tpk = ctx.input_length / len(keys) if keys and tpr > 0 else 0.0
         if skey is not None:
-            r = self.sessions.get(skey)
-            p = at.get(r) if r is not None else None
-            # moving re-prefills the history elsewhere: worth it only when home's extra
-            # queue exceeds that work
-            if p is not None and (not over(p) or load[p] - lightest
-                                  <= self.index.match_len(r, keys) * tpk / (tpr or 1.0)):
-                self.sessions.touch(skey)
-                self.decisions["thread"] += 1
-                return p
+            home = self.sessions.get(skey)
+            p = at.get(home[0]) if home is not None else None
+            if p is not None:
+                r, prev = home
+                held = self.index.match_len(r, keys)
+                view = replicas[p]
+                if view.host_tier:   # the history outlives its GPU eviction there
+                    held = max(held, min(prev, len(keys)))
+                    busy = overloaded(load[p], mean, self.spill_ratio, self.spill_abs)
+                else:
+                    busy = over(p)
+                # moving re-prefills the history elsewhere: worth it only when home's
+                # extra queue exceeds that work
+                if not busy or load[p] - lightest <= held * tpk / (tpr or 1.0):
+                    self.sessions[skey] = (r, len(keys))   # and most recently used
+                    self.decisions["thread"] += 1
+                    return p
 
         members = [r for r in st[1] if r in at]
         target = self._target(a_load, now, len(pos))
@@ -315,7 +329,7 @@ class AgentRouter(Router):
             self.decisions["spill"] += 1
         self._set_members(a, members)
         if skey is not None:
-            self._bind(skey, replicas[choice].index)
+            self._bind(skey, replicas[choice].index, len(keys))
         return choice
 
     def _grow(self, ctx: RequestContext, members: list[int], target: int,
@@ -372,7 +386,7 @@ class AgentRouter(Router):
         if replica not in st[1]:
             self._set_members(a, st[1] + (replica,))
         if ctx.session_id is not None:
-            self._bind((ctx.tenant, ctx.session_id, a), replica)
+            self._bind((ctx.tenant, ctx.session_id, a), replica, len(ctx.keys))
         self.index.insert(replica, ctx.keys)
 
     def on_replica_removed(self, replica: int) -> None:

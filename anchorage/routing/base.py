@@ -53,7 +53,12 @@ class ReplicaView:
 
     ``extra`` carries optional replica policy state, e.g. ``{"anchors": [agent ids the
     replica's eviction policy protects or is prefetching]}`` (read by the ``agent``
-    router) or ``{"max_load": 32}`` (saturation bound)."""
+    router) or ``{"max_load": 32}`` (saturation bound).
+
+    ``host_tier``: the replica's engine copies its KV to host memory (vLLM's offloading
+    connector, LMCache's CPU backend), so a history evicted from its GPU is reloaded there,
+    not recomputed: what it held stays its own (the simulator knows it from the tiering
+    mode; the Ray app from the engine's ``vllm:kv_offload_*`` / ``lmcache:`` series)."""
 
     index: int
     name: str = ""
@@ -63,6 +68,7 @@ class ReplicaView:
     kv_usage: float = 0.0       # 0..1 fraction of KV blocks in use
     queued_tokens: int = 0      # prefill tokens waiting or still to compute
     capacity_blocks: int = 0
+    host_tier: bool = False     # keeps copies of its KV in host memory (an offloading tier)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -113,6 +113,8 @@ def simulate_tiered(records, contexts, cfg, policy: str, router: str = "session"
                 links = (Link(h.d2h_bytes_s, h.latency_s), Link(h.h2d_bytes_s, h.latency_s))
             rep.tiering = (SimOffload if offload else SimTiering)(rep, tiering, tool_stop, links)
             ctl.append(rep.tiering)
+        for v in sim.views:   # what the router sees: evicted KV is kept in host memory
+            v.host_tier = True
 
     def wrap(p):
         return TieredEviction(wrap_policy(p) if wrap_policy is not None else p, agent_of)

@@ -17,7 +17,7 @@ from anchorage.drive.metrics import parse, parse_node_agent
 from anchorage.prometheus_text import samples, sums
 from anchorage.node_agent.engine_client import parse_engine_load
 from anchorage.node_agent.sidecar import Sidecar, SidecarConfig
-from anchorage.router.state import parse_vllm_gauges
+from anchorage.router.state import has_host_tier, parse_vllm_gauges
 
 REAL = (Path(__file__).parent / "vllm_metrics.txt").read_text()
 LBL = 'engine="0",model_name="tiny"'
@@ -95,3 +95,12 @@ def test_node_agent_metrics(tmp_path):
     assert parse_node_agent(text) == {
         "policy_errors": 0.0, "evictions": 0.0, "warmups_issued": 7.0, "warmups_used": 3.0,
         "warmups_wasted": 1.0, "warmups_skipped": 2.0, "warmups_failed": 1.0}
+
+
+def test_a_host_tier_is_read_from_its_sample_lines_only():
+    assert not has_host_tier(REAL)          # no offloading connector: no host tier
+    assert has_host_tier(REAL + 'vllm:kv_offload_total_bytes_total{engine="0",'
+                                'transfer_type="CPU_to_GPU"} 0.0\n')
+    assert has_host_tier('lmcache:num_hit_tokens_total{model_name="m"} 3.0\n' + REAL)
+    assert not has_host_tier(REAL + "# HELP vllm:kv_offload_total_bytes bytes moved\n"
+                                    "# TYPE vllm:kv_offload_total_bytes counter\n")

@@ -196,6 +196,9 @@ def stall_reload(**_: Any) -> dict[str, Any]:
     """A session's prefix, evicted from the device pool during a tool stall, comes back
     from host memory; the same tokens as recomputing it."""
     d = Driver(ktc(8 << 20, anchorage={"state_dir": _["state_dir"]}))
+    # what the engine's /metrics serves (vLLM's registry) before any transfer
+    import prometheus_client
+    metrics_text = prometheus_client.generate_latest().decode()
     a1 = prompt(1, 20)
     d.one(a1, "a", "grep")
     for k in range(4):  # other sessions flood the 39-block device pool
@@ -226,6 +229,7 @@ def stall_reload(**_: Any) -> dict[str, Any]:
         "distinct_blocks": len(set(computed)),
         "cached": back["cached"], "host": host, "state_path": conn.anchorage.state_path,
         "worker_host_bytes": None if w is None else w.host_bytes,
+        "metrics_text_at_start": metrics_text,
     }
 
 

@@ -12,6 +12,7 @@ import json
 import msgspec
 import pytest
 
+from anchorage.router.state import has_host_tier
 from tests.node_agent.host_tier_engine import BS, run, slow
 
 
@@ -28,6 +29,8 @@ def test_a_prefix_evicted_during_a_tool_stall_comes_back_from_host_memory(tmp_pa
     assert r["load_bytes"] == 20 * r["host"]["chunk_bytes"], "real bytes moved"
     # the bytes loaded are the KV a recomputation produces, block for block
     assert r["same_kv"] and r["distinct_blocks"] == 20 and r["same_tokens"]
+    # the router tells a tiered replica from its /metrics from the engine's start
+    assert has_host_tier(r["metrics_text_at_start"])
     # host memory is bounded by cpu_bytes_to_use
     assert r["worker_host_bytes"] <= 8 << 20
     assert r["host"]["used_chunks"] <= r["host"]["capacity_chunks"]

@@ -64,6 +64,30 @@ def test_probes_readmit_and_read_vllm_gauges():
     snap = s.snapshot()
     assert snap[0]["healthy"] and snap[0]["waiting"] == 3 and snap[0]["kv_usage"] == 0.5
     assert not snap[1]["healthy"]           # 503 probe counts as a failure
+    assert not snap[0]["host_tier"]
+
+
+def test_a_replica_exporting_offload_series_is_seen_as_keeping_a_host_tier():
+    s = state(policy="agent")
+    tiered = {1}
+
+    def handler(request):
+        if request.url.path != "/metrics":
+            return httpx.Response(200)
+        text = 'vllm:kv_cache_usage_perc{engine="0"} 0.99\n'
+        if request.url.port in tiered:
+            text += 'vllm:kv_offload_total_bytes_total{engine="0",transfer_type="GPU_to_CPU"} 0.0\n'
+        return httpx.Response(200, text=text)
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as c:
+            await probe_once(s, c)
+    asyncio.run(go())
+    assert [u["host_tier"] for u in s.snapshot()] == [True, False]
+    assert [v.host_tier for v in s._views(list(s.upstreams.values()))] == [True, False]
+    tiered.clear()                          # restarted without its tier
+    asyncio.run(go())
+    assert [u["host_tier"] for u in s.snapshot()] == [False, False]
 
 
 def test_membership_changes_keep_stable_ids():

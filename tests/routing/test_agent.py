@@ -132,3 +132,36 @@ def test_queued_prefill_tokens_make_a_home_overloaded():
     q0 = route(off, req(1, "s", 0), views(3))
     reps[q0].queued_tokens, reps[p0].queued_tokens = 64 * 2048, 0
     assert route(off, req(1, "s", 1), reps) == q0      # request counts alone: stays
+
+
+def test_a_home_with_a_host_tier_keeps_its_threads_through_a_full_gpu_cache():
+    # a full GPU cache moves a thread off a replica without a host tier (its history is
+    # being evicted there anyway), not off one that keeps evicted KV in host memory
+    def run(host_tier):
+        r = make_router("agent", kv_spill=0.98, spill_abs=100)
+        reps = views(2)
+        home = route(r, req(2, "s", 0), reps)
+        for t in range(1, 40):          # a long thread: 40 blocks of history
+            route(r, req(2, "s", t), reps)
+        full = views(2, kv=[1.0 if i == home else 0.2 for i in range(2)],
+                     loads=[6 if i == home else 0 for i in range(2)])
+        for v in full:
+            v.host_tier = host_tier
+        r.index.clear(home)             # the router's GPU model: the history was evicted
+        return home, route(r, req(2, "s", 40), full)
+
+    home, p = run(host_tier=False)
+    assert p != home                    # nothing of its history left there: it moves
+    home, p = run(host_tier=True)
+    assert p == home                    # its history is in home's host memory: it stays
+
+
+def test_a_tiered_home_still_sheds_a_short_thread_when_its_queue_is_far_longer():
+    r = make_router("agent", spill_ratio=1.5, spill_abs=2)
+    home = route(r, req(1, "s", 0), views(3))
+    loads = [0, 0, 0]
+    loads[home] = 20                    # 20 requests queued; the thread's history: 5 blocks
+    reps = views(3, loads=loads)
+    for v in reps:
+        v.host_tier = True
+    assert route(r, req(1, "s", 1), reps) != home

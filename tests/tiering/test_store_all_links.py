@@ -76,3 +76,11 @@ def test_the_replicas_admission_order_stands_unless_the_tier_has_its_own(monkeyp
     c = replace(cfg(cap=300), admission="prefix-aware")
     simulate_tiered(recs, ctxs, c, "lru", "session", tiering=TieringConfig(mode=mode))
     assert bool(calls) == (orders == "admission"), (mode, len(calls))
+
+
+@pytest.mark.parametrize("mode", ["off", "store-all", "offload"])
+def test_the_router_sees_which_replicas_keep_a_host_tier(mode):
+    recs, ctxs = workload()
+    sim, _ = simulate_tiered(recs, ctxs, cfg(), "lru", "agent", tiering=TieringConfig(mode=mode))
+    # the views every routing decision was handed (ClusterSim.views, updated in place)
+    assert sim.views and all(v.host_tier == (mode != "off") for v in sim.views)
