@@ -146,7 +146,8 @@ def headline(summary: dict, target: float = 1.3) -> str:
             Column("its goodput", "pg"), Column("Anchorage", "ag"),
             Column("Anchorage / best peer", "ratio"), Column("limit-hbm", "lg"),
             Column("bound: limit peak / best peer", "bound"),
-            Column(f"{target:g}x target", "verdict")]
+            Column(f"{target:g}x target", "verdict"),
+            Column("limit-tiers (x best peer)", "tiers")]
     rows = []
     for wl, stacks in summary.items():
         best = next((v["best_peer"] for v in stacks.values()), None)
@@ -170,8 +171,17 @@ def headline(summary: dict, target: float = 1.3) -> str:
                      "ag": f"{ge['a']}{a['goodput_at_slo']:.4g}", "ratio": _fmt(ratio, ".3f"),
                      "lg": "-" if lg is None else f"{ge['l']}{lg:.4g}",
                      "bound": (">=" if growing else "") + _fmt(bound, ".3f"),
-                     "verdict": verdict})
+                     "verdict": verdict, "tiers": _tiers(stacks.get("limit-tiers"), pg)})
     return format_table(cols, rows, markdown=True) + "\n"
+
+
+def _tiers(lim: dict | None, peer_goodput: float) -> str:
+    """The free-reload limit's goodput at the SLO and its ratio to the best peer's."""
+    if not lim:
+        return "-"
+    g = lim["goodput_at_slo"]
+    ge = ">=" if lim.get("open_ended") else ""
+    return f"{ge}{g:.4g} ({ge}{g / peer_goodput:.2f}x)" if peer_goodput > 0 else f"{ge}{g:.4g}"
 
 
 def plot(summary: dict, order: Sequence[str], path: str, load_unit: dict) -> str:

@@ -21,7 +21,10 @@ links in parallel: ``g`` links' bandwidth when ``g >= gpus_per_link``; replicas 
 one shared link queue on it (``replicas_per_link``).
 
 ``host_config(profile)``: the replica's ``HostTierConfig``; ``replicas_per_link(profile)``.
-``infinite_host``: a host tier without a capacity bound (the limit row).
+``infinite_host``: a host tier without a capacity bound (the limit row). ``free_reload``:
+besides, a link without cost (no bandwidth bound, no latency): whatever the HBM evicts is
+back the moment it is asked for (the tiers' limit row: no eviction order, tier policy or
+prefetch can do better with this HBM; admission and scheduling still can).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ class MemoryHierarchy:
     gpus_per_node: int = 8
     link_latency_s: float = 50e-6
     infinite_host: bool = False
+    free_reload: bool = False
 
     def __post_init__(self) -> None:
         if self.host_bytes_per_gpu < 0 or self.link_gbs_per_gpu <= 0:
@@ -61,6 +65,9 @@ class MemoryHierarchy:
         return links * self.link_gbs_per_gpu * GB
 
     def host_config(self, profile) -> HostTierConfig:
+        if self.free_reload:
+            return HostTierConfig.for_profile(profile, capacity_bytes=1e18, d2h_bytes_s=1e18,
+                                              h2d_bytes_s=1e18, latency_s=0.0)
         cap = 1e18 if self.infinite_host else self.host_bytes_per_gpu * profile.devices
         bw = None if profile.host_d2h_bytes_s is not None else self.link_bytes_s(profile)
         return HostTierConfig.for_profile(profile, capacity_bytes=cap, d2h_bytes_s=bw,
@@ -68,7 +75,7 @@ class MemoryHierarchy:
 
     def describe(self, profile) -> dict:
         return {"gpus_per_node": self.gpus_per_node,
-                "host_bytes_per_replica": None if self.infinite_host
+                "host_bytes_per_replica": None if self.infinite_host or self.free_reload
                 else self.host_bytes_per_gpu * profile.devices,
                 "link_bytes_s_per_replica_each_way": self.link_bytes_s(profile),
                 "replicas_per_link": self.replicas_per_link(profile),

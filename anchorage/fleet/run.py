@@ -6,7 +6,8 @@ Specification
 replicas, closed-loop session slots or an open-loop time scale, the memory hierarchy)
 configured as ``spec`` says, simulated once (``anchorage.tiering.sim.simulate_tiered``).
 A ``limit = "infinite-device"`` stack gets HBM for every block the workload ever caches
-(``workload_blocks``); ``"infinite-host"`` a host tier without bound.
+(``workload_blocks``); ``"infinite-host"`` a host tier without bound; ``"free-tiers"`` that
+tier behind a link without cost (``MemoryHierarchy.free_reload``).
 
 Metrics (``fleet_metrics``) over the steady-state window of the closed loop (``lo, hi``:
 the cluster's ``measured_requests``; the open loop: the measured requests' span), per
@@ -84,9 +85,9 @@ def _timed_config(spec: StackSpec, st: Setting, contexts) -> TimedConfig:
 
 def _tiering_config(spec: StackSpec, st: Setting) -> TieringConfig:
     hier = st.hierarchy
-    if spec.limit == "infinite-host":
+    if spec.limit in ("infinite-host", "free-tiers"):
         from dataclasses import replace
-        hier = replace(hier, infinite_host=True)
+        hier = replace(hier, infinite_host=True, free_reload=spec.limit == "free-tiers")
     return TieringConfig(mode=spec.tiering, host=hier.host_config(st.profile),
                          gate=GateParams(**spec.gate), **spec.tiering_params)
 

@@ -129,7 +129,16 @@ def test_headline_names_the_best_peer_and_calls_an_unreachable_target():
     assert cells[4] == "1.040"
     assert cells[6] == ">=1.200"       # the limit's throughput still grows: open-ended
     assert cells[7] == "missed"
+    assert cells[8] == "-"             # no free-reload limit row in this summary
     assert "met" in headline(summarize(rows, 2.0, roles), target=1.02)
+    for load in (1, 2):
+        rows.append({"workload": "w", "stack": "limit-tiers", "load": load, "seed": 1,
+                     "ttft_p90_s": 1.5 * load, "turns_per_s_per_gpu": 2.75 * load,
+                     "goodput_per_gpu": 2.75 * load})
+    roles["limit-tiers"] = "limit"
+    line = headline(summarize(rows, 2.0, roles)).splitlines()[-1]
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[8] == "3.667 (0.73x)"    # crosses the SLO between loads 1 and 2
 
 
 def test_a_stack_within_the_slo_at_every_load_is_open_ended():
@@ -156,3 +165,23 @@ def test_a_saturated_limit_makes_a_target_above_it_unreachable():
     cells = [c.strip() for c in headline(summarize(rows, 2.0, roles)).splitlines()[-1]
              .strip("|").split("|")]
     assert cells[6] == "1.200" and cells[7] == "unreachable (bound below target)"
+
+
+def test_the_tiers_limit_reloads_for_free_and_bounds_the_real_link():
+    from anchorage.fleet.run import Setting, run_stack
+    from bench import fleet_workloads
+
+    assert get_stack("limit-tiers").limit == "free-tiers"
+    free = MemoryHierarchy(free_reload=True).host_config(get_profile("h200-llama3-8b"))
+    assert free.capacity_bytes > 1e17 and free.h2d_bytes_s > 1e17 and free.latency_s == 0
+    recs, ctxs, bs = fleet_workloads.load("swe", 24, 1)
+    # a small HBM and a slow link: reloads are many and, over the real link, slow
+    prof = get_profile("h200-llama3-8b").with_(block_size=bs, capacity_blocks_override=1500)
+    out = {}
+    for name in ("limit-host", "limit-tiers"):
+        st = Setting(prof, 2, slots=12, time_scale=1e-3,
+                     hierarchy=MemoryHierarchy(link_gbs_per_gpu=0.5))
+        out[name] = run_stack(get_stack(name), recs, ctxs, st)
+    slow, free_run = out["limit-host"], out["limit-tiers"]
+    assert slow["reload_bytes"] > 0 and free_run["reload_bytes"] > 0
+    assert free_run["ttft_mean_s"] < slow["ttft_mean_s"]

@@ -6,6 +6,11 @@
   compute, prefix-aware admission. The reference every table's "vs limit" column divides
   by.
 - ``limit-host``: Anchorage's full stack with host DRAM without bound.
+- ``limit-tiers``: Anchorage's full stack with host DRAM without bound behind a link
+  without cost: whatever HBM evicts comes back at once, for free, so no eviction order,
+  host-tier policy or prefetch reaches more with this HBM (Belady across device, host and
+  dropped included). What stays: the HBM each running request needs, and whom admission
+  and scheduling run first.
 """
 
 from dataclasses import replace
@@ -20,4 +25,7 @@ STACKS = {
         router="pooled", policy="lru", admission="prefix-aware", limit="infinite-device"),
     "limit-host": replace(FULL, name="limit-host", role="limit",
                           peer="Anchorage with infinite host DRAM", limit="infinite-host"),
+    "limit-tiers": replace(FULL, name="limit-tiers", role="limit",
+                           peer="Anchorage with free reloads (host DRAM and link without bound)",
+                           limit="free-tiers"),
 }
