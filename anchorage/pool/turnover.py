@@ -13,7 +13,10 @@ eviction counts as the first of the turnover). Each time ``total`` passes anothe
 
     ``T <- dt`` for the first sample, else ``T <- (1 - w) T + w dt``    (``w`` = 0.3)
 
-``turnover_s`` is ``T``, ``inf`` before the first sample. ``observe`` may be called at every
+``turnover_s`` is ``T``, ``inf`` before the first sample. ``estimate_s(total, now)`` is
+``T`` once sampled; before that, the turnover the evictions so far extrapolate to,
+``(now - start) * capacity / total`` (0 while they all happened at the start, ``inf``
+before the first), for readers that need a time scale from the first eviction on. ``observe`` may be called at every
 eviction (exact sample times) or lazily with the cumulative count (each sample then carries
 the time of the call that saw it). O(1) amortised per call; three numbers of state.
 
@@ -57,6 +60,15 @@ class TurnoverEstimator:
             w = self.weight
             self.turnover_s = dt if self.turnover_s == INF else (1.0 - w) * self.turnover_s + w * dt
         return self.turnover_s
+
+    def estimate_s(self, total: int, now: float) -> float:
+        """``turnover_s``, or before its first sample the extrapolation of ``total``
+        evictions since the start to ``capacity`` (module spec)."""
+        if self.turnover_s != INF:
+            return self.turnover_s
+        if self._t is None or total <= 0:
+            return INF
+        return max(0.0, now - self._t) * self.capacity / total
 
     def survival_s(self, free_blocks: int) -> float:
         """How long a block freed now stays cached behind ``free_blocks`` cached free

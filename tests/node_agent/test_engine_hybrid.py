@@ -111,11 +111,28 @@ def _generate(engine, blocks, prompts: list[list[int]]) -> list[int]:
     return [o.num_cached_tokens or 0 for o in outs]
 
 
+def _one_shot_calls(generate, anchor: list[int], ids) -> None:
+    """12 calls of the agent, each a new conversation: 12 inferred one-request sessions."""
+    for _ in range(12):
+        generate([anchor + [next(ids)]])
+
+
+def _conversations(generate, anchor: list[int], ids) -> None:
+    """3 conversations of 2 turns: the second turn extends the first's prompt, so each is
+    one inferred session of two requests."""
+    for _ in range(3):
+        turn = anchor + [next(ids)]
+        generate([turn])
+        assert generate([turn + [next(ids)]])[0] >= len(turn) * BS
+
+
+@pytest.mark.parametrize("reuse", [_one_shot_calls, _conversations],
+                         ids=["one-shot-calls", "conversations"])
 @pytest.mark.parametrize("flood_blocks,batched", [(8, False), (4, True)])
-def test_without_metadata_an_anchor_survives_a_flood(engine, flood_blocks, batched):
-    """The README's promise that metadata is optional: an agent anchor reused by 12
-    one-shot calls (12 inferred sessions), then single-use prompts of three times the
-    pool's blocks, sent back to back (or in one ``generate`` call); only hybrid keeps the
+def test_without_metadata_an_anchor_survives_a_flood(engine, reuse, flood_blocks, batched):
+    """The README's promise that metadata is optional: an agent anchor reused by several
+    inferred sessions (``reuse``), then single-use prompts of three times the pool's
+    blocks, sent back to back (or in one ``generate`` call); only hybrid keeps the
     anchor."""
     from anchorage.drive.plan import TokenBlocks
 
@@ -125,8 +142,7 @@ def test_without_metadata_an_anchor_survives_a_flood(engine, flood_blocks, batch
     for name in ("hybrid", None):
         ids = itertools.count(100)
         with policy(engine, name):
-            for _ in range(12):
-                _generate(engine, blocks, [anchor + [next(ids)]])
+            reuse(lambda prompts: _generate(engine, blocks, prompts), anchor, ids)
             flood = [[next(ids) for _ in range(flood_blocks)] for _ in range(120 // flood_blocks)]
             hits = (_generate(engine, blocks, flood) if batched
                     else [_generate(engine, blocks, [p])[0] for p in flood])

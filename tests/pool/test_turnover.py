@@ -23,6 +23,16 @@ def test_lazy_cumulative_counts_and_a_fixed_start():
     assert TurnoverEstimator(3).survival_s(2) == math.inf
 
 
+def test_estimate_extrapolates_the_evictions_before_the_first_sample():
+    t = TurnoverEstimator(10)
+    assert t.estimate_s(0, 5.0) == math.inf          # not started
+    t.observe(1, 10.0)
+    assert t.estimate_s(1, 10.0) == 0.0              # all at the start
+    assert t.estimate_s(4, 12.0) == pytest.approx(2.0 * 10 / 4)
+    t.observe(10, 14.0)                              # the first sample: 4 s
+    assert t.estimate_s(12, 20.0) == t.turnover_s == pytest.approx(4.0)
+
+
 def test_rejects_a_bad_weight():
     with pytest.raises(ValueError, match="weight"):
         TurnoverEstimator(4, weight=0.0)

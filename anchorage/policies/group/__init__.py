@@ -5,9 +5,10 @@
 - ``model``: the workload model (sessions, agents, gaps, transitions; bounded tables),
   read through ``view.ModelView`` (typed, read-only) by scorers and observers;
 - ``scorers/``: one scorer per group kind, each with its typed parameters and formula;
+- ``schedule``: when the groups are re-scored (full, or keys only);
 - ``config``: signals, typed parameter sections, ``build_config`` (presets are a name and
   their signals);
-- ``policy``: ``GroupEvictionPolicy``, wiring the three to the pool's notifications.
+- ``policy``: ``GroupEvictionPolicy``, wiring them to the pool's notifications.
 
 Measured results behind the choices: ``docs/research/policies.md``.
 """

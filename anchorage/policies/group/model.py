@@ -340,6 +340,15 @@ class WorkloadModel:
                 iv = med
         return iv
 
+    def rekey_interval(self, evictions: int, now: float) -> float:
+        """Before the first turnover sample: a quarter of the turnover the ``evictions``
+        so far extrapolate to (``TurnoverEstimator.estimate_s``), the keys' own time
+        scale while ``rescore_interval`` has none; inf after."""
+        tv = self.turnover
+        if tv.turnover_s != INF:
+            return INF
+        return tv.estimate_s(evictions, now) / 4
+
     def state_size_bytes(self) -> int:
         """Agent stats, transitions, stay probabilities, gap histograms."""
         return (self.trans.state_size_bytes() + self.stay.state_size_bytes()

@@ -4,9 +4,10 @@ in their ``Signals``, ``config``).
 
 Specification
 -------------
-It wires three parts, each with its own spec: the mechanism (``groups``: groups, free
-order, lazy heap, victims), the workload model (``model``, read through ``view``) and one
-scorer per group kind (``scorers/``). Per notification:
+It wires four parts, each with its own spec: the mechanism (``groups``: groups, free
+order, lazy heap, victims), the workload model (``model``, read through ``view``), one
+scorer per group kind (``scorers/``) and the re-scoring schedule (``schedule``). Per
+notification:
 
 - ``on_request(ctx)``: the model attributes the request to a session and agent and learns
   from it; re-scoring (below) may follow.
@@ -34,11 +35,9 @@ ends the session's gap) and *holds* the groups its prompt will hit, its agent's
 ``anchor(f)`` and its session's ``thread(s, f)``, until it is admitted (``on_request``
 with its id) or finishes.
 
-Re-scoring (CacheWise section 5.3): all groups with free blocks are re-scored (``epoch =
-now``) when a request arrives and the policy clock advanced by the model's re-scoring
-interval (a quarter of the cache turnover time, or the median session gap if shorter),
-provided at least G victims were taken since (G = groups with free blocks); and after 4 G
-victims (at least 1,024). Amortised O(log G) per victim.
+Re-scoring: all groups with free blocks are re-keyed at ``now`` (``epoch = now``), in full
+(the model's ``refresh`` first) or keys only, when ``schedule.Schedule`` says (its spec):
+at requests, at victims, and after the events it names. Amortised O(log G) per victim.
 
 Learning never reads ``agent_truth`` or ``tool_duration_ms``; warm-up requests
 (``ctx.warmup``) update no statistics.
@@ -55,6 +54,7 @@ from anchorage.policies.base import (EvictionPolicy, LearnedCounts, PrefetchSett
 from anchorage.policies.group.config import GroupConfig
 from anchorage.policies.group.groups import ANCHOR, DUP, OUTPUT, STALE, THREAD, Group, GroupHeap
 from anchorage.policies.group.model import MAX_LIVE_REQUESTS, Agent, Session, WorkloadModel
+from anchorage.policies.group.schedule import FULL, Schedule
 from anchorage.policies.group.scorers import build_scorers
 from anchorage.policies.group.view import ModelView
 from anchorage.pool.turnover import TurnoverEstimator
@@ -87,8 +87,8 @@ class GroupEvictionPolicy(EvictionPolicy):
         self._stale_seq = 0
         self._out_blocks: set[int] = set()
         self._now = 0.0
-        self._pops_since = 0
         self._pops = 0
+        self._sched = Schedule()
         # queued requests (on_queued, not yet admitted) -> the groups they hold
         self._queued: dict[Hashable, tuple[Group, ...]] = {}
 
@@ -133,11 +133,16 @@ class GroupEvictionPolicy(EvictionPolicy):
                 # nothing scored yet: the heap's epoch starts at the policy clock's first
                 # reading (the engine's clock is monotonic time, far from 0)
                 self.heap.epoch = ctx.now_s
+                self._sched.start(ctx.now_s)
             self._now = ctx.now_s
-        self.model.observe_request(ctx, ctx.now_s)
-        if (self._now - self.heap.epoch > self.model.rescore_interval()
-                and self._pops_since >= self.heap.groups_with_free):
-            self._rescore()
+        m = self.model
+        m.observe_request(ctx, ctx.now_s)
+        self._check_first_return()
+        now = self._now
+        what = self._sched.at_request(now, self.heap.groups_with_free, m.rescore_interval(),
+                                      m.rekey_interval(self._pops, now))
+        if what:
+            self._rescore(full=what == FULL)
 
     def on_hit(self, ctx: RequestContext, blocks: list[int], were_free: list[int]) -> None:
         if were_free:
@@ -287,12 +292,18 @@ class GroupEvictionPolicy(EvictionPolicy):
             score = self._score
             self.heap.flush(lambda g: score(g, now))
 
-    def _rescore(self) -> None:
+    def _check_first_return(self) -> None:
+        self._sched.first_return(self.view.first_return() < 1.0)
+
+    def _rescore(self, full: bool = True) -> None:
+        """Re-key every group with free blocks at ``now``; ``full``: refresh the model
+        first (``schedule`` spec)."""
         now = self._now
         self._flush(now)  # a hit may have emptied a group since the last flush
-        self._pops_since = 0
+        self._sched.done(full, now)
         self.heap.epoch = now
-        self.model.refresh(now)
+        if full:
+            self.model.refresh(now)
         score = self._score
         self.heap.rescore(lambda g: score(g, now), now)
 
@@ -300,10 +311,12 @@ class GroupEvictionPolicy(EvictionPolicy):
 
     def pop_victim(self) -> int | None:
         heap = self.heap
-        if heap.touched:
+        sched = self._sched
+        if sched.due:
+            self._rescore(full=False)
+        elif heap.touched:
             self._flush(self._now)
-        n = self._pops_since = self._pops_since + 1
-        if n > 1024 and n > 4 * len(heap.nonempty):
+        if sched.at_victim(len(heap.nonempty)):
             self._rescore()
         self._pops += 1
         self._turnover.observe(self._pops, self._now)
@@ -316,6 +329,7 @@ class GroupEvictionPolicy(EvictionPolicy):
                 self.model.stale_evicted(key)
             elif g.kind == THREAD and g.n <= 0 and g.sess.n == 1:
                 self.model.firsts.n += 1  # a one-request session's thread is gone
+                self._check_first_return()
         self._out_blocks.discard(block)
 
     def eviction_order(self) -> Iterable[int]:
@@ -324,6 +338,7 @@ class GroupEvictionPolicy(EvictionPolicy):
 
     def reset(self) -> None:
         self.heap.clear()
+        self._sched.due = True  # what is cached next is scored from this frame on
         self._out_blocks.clear()
         for s in self.model.sessions.values():
             s.groups.clear()
