@@ -12,8 +12,9 @@ replica's ``router`` (``anchorage.routing``) with ``router_params``, GPU evictio
 (``GateParams`` fields) and ``tiering_params`` (other ``TieringConfig`` fields); a
 ``program_gate`` (``anchorage.sim.programs``) with its parameters; ``retention``
 (``anchorage.sim.retention``); ``limit``: ``none``, ``infinite-device`` (HBM large enough
-for the whole workload, same compute) ``infinite-host`` (host DRAM without bound) or ``free-tiers`` (host DRAM without bound
-behind a link without cost: every eviction from HBM reloaded at once, for free).
+for the whole workload, same compute), ``infinite-host`` (host DRAM without bound) or
+``free-tiers`` (host DRAM without bound behind a link without cost: every eviction from
+HBM reloaded at once, for free).
 ``router_params`` may hold the string ``"$block_size"``, replaced by the profile's block
 size when the stack runs (the routers that count in blocks).
 
