@@ -10,6 +10,8 @@ router's replica gauges and the drive's before/after counters all read it here, 
   when the text read is not the text format.
 - ``sums(text, names)``: for each of ``names`` present, the sum of its samples over their
   label sets; a NaN or infinite sample is left out of the sum (it measures nothing).
+- ``has_samples(text, prefixes)``: some sample line's name starts with one of
+  ``prefixes`` (comment lines do not count; nothing is parsed: a presence test).
 
 Names match exactly (``vllm:num_requests_waiting`` is not
 ``vllm:num_requests_waiting_by_reason``). With ``names``, only the lines that start with
@@ -41,6 +43,11 @@ def samples(text: str, names: Iterable[str] | None = None
                     yield s.name, s.labels, float(s.value)
     except ValueError as exc:
         raise ValueError(f"not Prometheus text format: {exc or 'unreadable line'}") from None
+
+
+def has_samples(text: str, prefixes: Iterable[str]) -> bool:
+    starts = tuple(prefixes)
+    return any(line.startswith(starts) for line in text.splitlines())
 
 
 def sums(text: str, names: Iterable[str]) -> dict[str, float]:

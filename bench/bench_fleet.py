@@ -68,16 +68,15 @@ LOADS = {"weka": [4, 6, 8, 10, 12, 16, 20], "swe": [64, 128, 192, 256],
 QUICK_LOADS = {"weka": [4, 8, 12], "swe": [16, 64, 192], "gen": [100, 400, 800],
                "mooncake": [0.25, 0.75, 1.5]}
 REPLICAS = {"weka": 8, "swe": 2, "gen": 4, "mooncake": 4}
-# seeds of the committed tables (WEKA seed 2: the four strongest peers of seed 1, Anchorage and the
-# limits; the weaker peers and the ablations have seed 1 only)
+# seeds of the committed tables (WEKA seed 2: the four strongest peers of seed 1, Anchorage
+# and the limits; the weaker peers and the ablations have seed 1 only)
 SEEDS = {"weka": [1, 2], "swe": [1, 2, 3], "gen": [1], "mooncake": [1]}
 PER_SLOT = {"weka": 1.5, "swe": 1.5, "gen": 1.2, "mooncake": 0}
 MIN_SESSIONS = {"weka": 64, "swe": 96, "gen": 256, "mooncake": 0}
 QUICK_MIN = {"weka": 24, "swe": 48, "gen": 96, "mooncake": 0}
 # the ablations run where Anchorage's components have something to act on
-FULL_ONLY = {"swe": PEERS + ["anchorage", "limit-hbm", "limit-host", "limit-tiers"],
-             "gen": PEERS + ["anchorage", "limit-hbm", "limit-host", "limit-tiers"],
-             "mooncake": PEERS + ["anchorage", "limit-hbm", "limit-host", "limit-tiers"]}
+FULL_ONLY = {wl: PEERS + ["anchorage", "limit-hbm", "limit-host", "limit-tiers"]
+             for wl in ("swe", "gen", "mooncake")}
 LOAD_UNIT = {"mooncake": "requests/s per GPU"}
 MOONCAKE_RATE = 12031 / 3600.0  # the trace's mean rate, requests/s
 

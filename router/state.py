@@ -35,14 +35,13 @@ from __future__ import annotations
 
 import collections
 import logging
-import re
 import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 from typing import Any, Iterable
 
 from anchorage.policies.base import RequestContext
-from anchorage.prometheus_text import sums
+from anchorage.prometheus_text import has_samples, sums
 from anchorage.routing import NoReplicaError, ReplicaView, make_router
 from anchorage.routing.vllm_events import VLLMEventTranslator
 from anchorage.router.config import RouterConfig
@@ -73,13 +72,13 @@ class Upstream:
     ejected_once: bool = False # ejected since added: readmission forgets its model
 
 
-_HOST_TIER = re.compile(r"^(?:vllm:kv_offload_|lmcache:)", re.M)
+HOST_TIER_SERIES = ("vllm:kv_offload_", "lmcache:")
 
 
 def has_host_tier(text: str) -> bool:
     """The scraped /metrics text is of an engine with a host-memory KV tier (a sample
     line of vLLM's offloading connector or of LMCache; comments do not count)."""
-    return _HOST_TIER.search(text) is not None
+    return has_samples(text, HOST_TIER_SERIES)
 
 
 def parse_vllm_gauges(text: str) -> dict[str, float]:
