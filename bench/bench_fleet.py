@@ -64,7 +64,7 @@ QUICK_STACKS = PEERS + ["anchorage", "limit-hbm"]
 # rows only, and at the top loads only the stacks still within the SLO below them
 # (``--from-cache`` reports what the cache holds and lists the rest as not run)
 LOADS = {"weka": [4, 6, 8, 10, 12, 16, 20], "swe": [64, 128, 192, 256],
-         "gen": [100, 200, 400], "mooncake": [0.5, 1.0, 1.5]}
+         "gen": [100, 200, 250, 300, 350, 400], "mooncake": [0.1, 0.25, 0.5, 1.0, 1.5]}
 QUICK_LOADS = {"weka": [4, 8, 12], "swe": [16, 64, 192], "gen": [100, 400, 800],
                "mooncake": [0.25, 0.75, 1.5]}
 REPLICAS = {"weka": 8, "swe": 2, "gen": 4, "mooncake": 4}
@@ -186,10 +186,10 @@ def parse(argv=None):
     ap.add_argument("--stacks", default=None, help="comma-separated (default: the matrix's)")
     ap.add_argument("--loads", default=None, help="comma-separated, for every workload")
     ap.add_argument("--seeds", default=None,
-                    help="default per workload (1 each); quick: 1")
+                    help="comma-separated; default per workload (WEKA 1,2; SWE 1,2,3; gen, Mooncake 1); quick: 1")
     ap.add_argument("--profile", default="h200-llama3-8b")
     ap.add_argument("--replicas", type=int, default=None,
-                    help="default per workload (WEKA 8; SWE, gen, Mooncake 4); quick: 4")
+                    help="default per workload (WEKA 8; SWE 2; gen, Mooncake 4); quick: 4")
     ap.add_argument("--slo-s", type=float, default=2.0, help="p90 TTFT target (s)")
     ap.add_argument("--host-gb-per-gpu", type=float, default=256.0)
     ap.add_argument("--link-gbs", type=float, default=50.0, help="per GPU, each way")

@@ -46,9 +46,11 @@ Spec, per request ``q`` at time ``t`` over the healthy replicas ``H`` (``n = |H|
   load, and leaving it re-prefills the whole history on a replica as full;
   (2) otherwise, to the member of ``P_a`` that is not
   overloaded with the longest prefix match in the router's model (the thread's history
-  when it moved), then least load; a *new* thread (no history to lose) treats members as
-  overloaded when the lightest member's load exceeds ``new_ratio * min(load) + new_abs +
-  w(anchor blocks matched there)`` over all replicas; (3) if every member is overloaded, spill: add the
+  when it moved), then least load; a *new* thread (no history to lose) weighs its anchor
+  as a known thread weighs its history: it treats members as overloaded when the
+  lightest member's load exceeds ``new_ratio * min(load) + new_abs + w(anchor blocks
+  matched there)`` over all replicas (defaults 1 and 0: the member's extra queue exceeds
+  the prefill its anchor saves); (3) if every member is overloaded, spill: add the
   least loaded non-member to ``P_a`` (re-place the anchor there) and route there; if
   ``P_a = H``, the least loaded replica. The thread is (re)bound to the choice.
   ``decisions`` counts the paths taken (``thread``, ``member``, ``spill``).
@@ -65,7 +67,7 @@ the least recently seen. ``on_peer_start(ctx, r)`` applies another router's deci
 placement and the prefix model follow it as if this router had decided it.
 
 Parameters: ``anchor_blocks`` (4), ``half_life_s`` (60), ``spread`` (1.0),
-``warmup_per_replica`` (8), ``new_ratio`` (2; 0 disables), ``new_abs`` (4),
+``warmup_per_replica`` (8), ``new_ratio`` (1; 0 disables), ``new_abs`` (0),
 ``spill_ratio`` (1.5), ``spill_abs`` (4), ``kv_spill`` (0.98), ``max_sessions``
 (threads remembered, 200_000, LRU), ``max_agents`` (agents remembered, 200_000, LRU),
 ``max_table_bytes`` (64 MiB per table), ``capacity_blocks`` (prefix model per replica when the
@@ -88,6 +90,17 @@ round_robin's, and prefix routing is level with it (-0.6 to +0.2 points). At 4,0
 even Belady on each replica with agent's placement reaches only 86-90 % of pooled hybrid
 (``--sim-bound``, ``anchorage.routing.oracle``). Placing new threads by cache footprint
 instead of their agent's anchor lost 3.5 points there.
+
+The new-thread defaults (``new_ratio`` 1, ``new_abs`` 0; were 2 and 4, which kept a new
+thread on a member up to twice the lightest load + 4 requests whatever its anchor was
+worth) were measured in the fleet benchmark (``bench/bench_fleet.py``, goodput within
+the SLO, seeds drawn apart from those of the table too): SWE-agent +2.8 % (5 seeds; its
+agents' anchors save ~0.3 requests of prefill against load gaps of ~80 between its 2
+replicas), the generated topologies +2.8 % (3 seeds, held out), Mooncake +33 % (no
+session ids: every request is a new thread), WEKA level (its sessions share no block:
+every session is its own agent). Diverting whenever the member's load exceeds the anchor
+work (``new_ratio`` ~0) measured better on SWE but 10-19 % worse on the generated
+topologies. ``docs/research/fleet.md``, "Where new threads go".
 """
 
 from __future__ import annotations
@@ -134,7 +147,7 @@ class AgentRouter(Router):
                  spill_ratio: float = 1.5, spill_abs: float = 4.0, kv_spill: float = 0.98,
                  max_sessions: int = 200_000, capacity_blocks: int = 100_000,
                  min_agent_load: float = 1e-3, warmup_per_replica: float = 8.0,
-                 new_ratio: float = 2.0, new_abs: float = 4.0,
+                 new_ratio: float = 1.0, new_abs: float = 0.0,
                  tokens_per_request: float = TOKENS_PER_REQUEST, max_agents: int = 200_000,
                  max_table_bytes: int = 64 << 20) -> None:
         if anchor_blocks < 1 or half_life_s <= 0 or spread <= 0:

@@ -83,6 +83,15 @@ def test_slo_capacity_interpolates_where_p90_crosses_the_slo():
     assert slo_capacity([(1, 2.5, 1.0)], 2.0) == 0.0
 
 
+def test_slo_capacity_is_the_best_load_within_the_slo_not_only_the_crossing():
+    # goodput falls past its best load while the p90 is still within the SLO: the best
+    # operating point counts, and nothing after the first crossing does
+    pts = [(1, 0.2, 2.0), (2, 0.4, 5.0), (3, 1.5, 4.0), (4, 3.5, 1.0), (5, 0.5, 9.0)]
+    assert slo_capacity(pts, 2.0) == 5.0
+    rising = [(1, 0.2, 2.0), (2, 1.0, 3.0), (3, 3.0, 5.0)]
+    assert slo_capacity(rising, 2.0) == pytest.approx(4.0)
+
+
 def test_summary_ratios_to_the_best_peer_and_the_limit():
     rows = []
     for stack, k in (("stock", 1.0), ("smg", 2.0), ("anchorage", 3.0), ("limit-hbm", 4.0)):
@@ -128,9 +137,11 @@ def test_headline_names_the_best_peer_and_calls_an_unreachable_target():
     assert cells[:3] == ["w", "llm-d", ">=5"]      # never past the SLO: open-ended
     assert cells[4] == "1.040"
     assert cells[6] == ">=1.200"       # the limit's throughput still grows: open-ended
-    assert cells[7] == "missed"
+    assert cells[7] == "1.3x: missed"   # the default target of a workload not in TARGETS
     assert cells[8] == "-"             # no free-reload limit row in this summary
-    assert "met" in headline(summarize(rows, 2.0, roles), target=1.02)
+    assert "1.02x: met" in headline(summarize(rows, 2.0, roles), target=1.02)
+    gen = [{**r, "workload": "gen"} for r in rows]      # issue 18's 1.2x on that workload
+    assert "1.2x: missed" in headline(summarize(gen, 2.0, roles))
     for load in (1, 2):
         rows.append({"workload": "w", "stack": "limit-tiers", "load": load, "seed": 1,
                      "ttft_p90_s": 1.5 * load, "turns_per_s_per_gpu": 2.75 * load,
@@ -164,7 +175,7 @@ def test_a_saturated_limit_makes_a_target_above_it_unreachable():
     roles = {"smg": "peer", "anchorage": "anchorage", "limit-hbm": "limit"}
     cells = [c.strip() for c in headline(summarize(rows, 2.0, roles)).splitlines()[-1]
              .strip("|").split("|")]
-    assert cells[6] == "1.200" and cells[7] == "unreachable (bound below target)"
+    assert cells[6] == "1.200" and cells[7] == "1.3x: unreachable (bound below target)"
 
 
 def test_the_tiers_limit_reloads_for_free_and_bounds_the_real_link():

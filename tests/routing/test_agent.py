@@ -97,6 +97,28 @@ def test_new_sessions_leave_a_busier_anchor_replica_known_sessions_stay():
     assert route(off, req(3, "new", 0), views(2, loads=loads)) == h
 
 
+def test_a_new_session_joins_its_anchor_unless_the_queue_there_costs_more_than_it_saves():
+    # defaults: a member's extra load (requests) against w(anchor) = matched blocks x
+    # tokens per block / tokens_per_request (2048): the same trade as a thread's move
+    r = make_router("agent", spill_abs=100)
+    home = route(r, req(3, "old", 0), views(2))
+    loads = [0, 0]
+    assert route(r, req(3, "level", 0), views(2, loads=loads)) == home
+    loads[home] = 2                         # a 4-block anchor saves ~64 tokens: leave it
+    assert route(r, req(3, "new", 0), views(2, loads=loads)) == 1 - home
+
+    def long(s):                            # 400 shared blocks, ~6,400 tokens: ~3.1 requests
+        return ctx(list(range(5000, 5400)) + [hash((s, 0))], session=s)
+
+    r = make_router("agent", spill_abs=100)
+    home = route(r, long("a"), views(2))
+    loads = [0, 0]
+    loads[home] = 3
+    assert route(r, long("b"), views(2, loads=loads)) == home
+    loads[home] = 4
+    assert route(r, long("c"), views(2, loads=loads)) == 1 - home
+
+
 def test_a_replica_reporting_a_learned_anchor_of_another_length_attracts_it():
     c = req(6, "s", 0)                      # anchor keys 6000..6003, then history
     learned = agent_label(("fp", c.keys[1]))   # the replica's policy learned a 2-block anchor
