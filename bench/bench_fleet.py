@@ -27,8 +27,8 @@ minutes on two cores.
 Usage::
 
     .venv/bin/python -m bench.bench_fleet --quick
-    .venv/bin/python -m bench.bench_fleet --workloads weka,swe --from-cache \\
-        --stacks stock,smg,llm-d,llm-d+offload,dynamo,dynamo+thunderagent,production-stack,continuum,anchorage,limit-hbm \\
+    .venv/bin/python -m bench.bench_fleet --workloads weka,swe,gen,mooncake --from-cache \\
+        --stacks stock,smg,llm-d,llm-d+offload,dynamo,dynamo+thunderagent,production-stack,continuum,anchorage,limit-hbm,limit-tiers \\
         --cache bench/results/fleet_runs.jsonl   # the committed tables, from the runs
     nice -n 10 .venv/bin/python -m bench.bench_fleet --jobs 2 \\
         --cache bench/results/fleet_runs.jsonl --out bench/results/fleet.json
