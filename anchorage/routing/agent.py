@@ -100,7 +100,10 @@ replicas), the generated topologies +2.8 % (3 seeds, held out), Mooncake +33 % (
 session ids: every request is a new thread), WEKA level (its sessions share no block:
 every session is its own agent). Diverting whenever the member's load exceeds the anchor
 work (``new_ratio`` ~0) measured better on SWE but 10-19 % worse on the generated
-topologies. ``docs/research/fleet.md``, "Where new threads go".
+topologies. At 4,000 blocks per replica (``bench/bench_router_sim.py``, random topology)
+the rule costs 3.0 / 4.5 points of hit rate (4 / 8 replicas; anchors copied to more
+replicas), still +3.4 / +3.9 over ``prefix``. ``docs/research/fleet.md``, "Where new
+threads go".
 """
 
 from __future__ import annotations
