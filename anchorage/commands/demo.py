@@ -33,8 +33,9 @@ def register(sub) -> None:
     add_stack_args(p, with_policy=False)
     add_workload_args(p)
     p.add_argument("--configs", default="stock=off/round_robin,anchorage=hybrid/agent",
-                   help="NAME=ENGINE_POLICY/ROUTER,... run in this order (default: "
-                        "stock=off/round_robin,anchorage=hybrid/agent)")
+                   help="NAME=ENGINE_POLICY/ROUTER,... run in this order; ROUTER smg[:POLICY] "
+                        "is the SGLang gateway (with --tiny-model chat --prompt-format chat) "
+                        "(default: stock=off/round_robin,anchorage=hybrid/agent)")
     p.add_argument("--out", default="out/demo", help="report directory (default: out/demo)")
     from anchorage.cli import add_json_args
 
@@ -86,7 +87,8 @@ def run(args) -> int:
     from anchorage.drive import report
     from anchorage.drive.run import drive
     from anchorage.stack.stack import Stack
-    from anchorage.stack.tiny_model import vocab_size
+    from anchorage.stack import gateway
+    from anchorage.stack.tiny_model import has_tokenizer, vocab_size
 
     to_stdout, json_path = json_targets(args, "demo")
     stream = sys.stderr if to_stdout else sys.stdout   # stdout holds only the JSON then
@@ -97,6 +99,12 @@ def run(args) -> int:
     configs = parse_configs(args.configs)
     for policy, router in configs.values():     # validate every config before starting anything
         stack_config(args, policy=policy, router=router)
+        if args.prompt_format != "ids" and args.model is None and args.tiny_model != "chat":
+            raise CLIError(f"--prompt-format {args.prompt_format} needs engines with a "
+                           "tokenizer: add --tiny-model chat (or --model DIR)")
+        if gateway.policy_of(router) is not None and args.prompt_format == "ids":
+            raise CLIError(f"router {router}: the SGLang gateway takes text only: add "
+                           "--prompt-format chat (or text) and --tiny-model chat")
     check_dependencies()
     isolated = os.environ.get(NETNS_ENV) == "1"
     if not isolated and (args.isolate == "on" or (args.isolate == "auto" and can_isolate())):
@@ -117,7 +125,9 @@ def run(args) -> int:
             try:
                 ep = start_stack(stack, say)
                 t_up = time.monotonic() - t0
-                opts = plan_options(args, wl, vocab_size(ep.model))
+                tokenizer = (ep.model if args.prompt_format != "ids" and has_tokenizer(ep.model)
+                             else None)
+                opts = plan_options(args, wl, vocab_size(ep.model), tokenizer=tokenizer)
                 if args.model is None:  # the tiny engines' max model length bounds prompts
                     cap = (args.kv_blocks // 2) * args.block_size - opts.max_output_tokens
                     opts = replace(opts, max_prompt_tokens=min(opts.max_prompt_tokens, cap))

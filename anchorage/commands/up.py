@@ -27,7 +27,8 @@ def add_stack_args(p, *, with_policy: bool = True) -> None:
                             "...; off = stock vLLM (default: hybrid)")
         p.add_argument("--router", default="agent",
                        help="routing policy: agent, round_robin, session, prefix, precise_prefix, "
-                            "least_loaded, composite (default: agent)")
+                            "least_loaded, composite; or smg[:POLICY], the SGLang gateway over "
+                            "the same engines (text/chat prompts only) (default: agent)")
     p.add_argument("--model", default=None,
                    help="model directory for the engines (default: a generated tiny Llama "
                         "with dummy weights)")

