@@ -9,4 +9,5 @@ export PYTHONHASHSEED=0
 # Run the slow end-to-end tests too (real vLLM engines behind the router); ANCHORAGE_SLOW=0
 # leaves them out of a quick local run.
 export ANCHORAGE_SLOW="${ANCHORAGE_SLOW:-1}"
-exec "$VENV/bin/python" -m pytest "${@:-tests}"
+# the slowest tests named at the end (where CI's time goes)
+exec "$VENV/bin/python" -m pytest --durations=15 "${@:-tests}"
