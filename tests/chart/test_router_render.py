@@ -34,6 +34,15 @@ def test_one_router_pod_has_no_peers():
     assert not any(a.startswith("--peer") for a in c["args"])
 
 
+def test_a_terminating_router_keeps_serving_until_the_service_has_let_it_go():
+    """The behaviour (no request refused during a rolling upgrade) is tests/cluster's
+    test 6 on a real cluster; here, that the pause fits in the grace period."""
+    pod = one(objects(render({})), "Deployment", "-router")["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    cmd = c["lifecycle"]["preStop"]["exec"]["command"]
+    assert cmd[0] == "sleep" and 0 < int(cmd[1]) < pod["terminationGracePeriodSeconds"] - 10
+
+
 def test_the_kuberay_head_starts_ray_with_the_haproxy_ingress():
     docs = objects(render(all_on_values()))
     rs = one(docs, "RayService", "-router")
