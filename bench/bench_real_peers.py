@@ -33,15 +33,15 @@ import sys
 import tempfile
 from pathlib import Path
 
+from anchorage.drive import report
 from bench import harness
 
 ROOT = harness.ROOT
 CONFIGS = {"anchorage": "hybrid/agent", "smg": "off/smg:cache_aware",
            "round_robin": "off/round_robin"}
-KEYS = [("hit_rate_engines", "hit rate (vLLM)", "{:.3f}"),
-        ("recomputed_prefill_tokens", "recomputed prefill", "{:,d}"),
-        ("ttft_p50_s", "TTFT p50 ms", "ms"), ("ttft_p90_s", "TTFT p90 ms", "ms"),
-        ("turns_per_s", "turns/s", "{:.2f}"), ("failed", "failed", "{:d}")]
+# the columns: the drive report's fields (label, format) of these summary keys
+KEYS = [f for f in report.FIELDS if f[0] in ("hit_rate_engines", "recomputed_prefill_tokens",
+                                             "ttft_p50_s", "ttft_p90_s", "turns_per_s", "failed")]
 
 
 def order(repeat: int) -> list[str]:
@@ -72,14 +72,6 @@ def verdict(runs: list[dict]) -> dict:
     return {"per_repeat": per, "all": bool(per) and all(both), "repeats_won": sum(both)}
 
 
-def fmt(v, f: str) -> str:
-    if v is None:
-        return "-"
-    if f == "ms":
-        return f"{v * 1000:.0f}"
-    return f.format(v)
-
-
 def table(runs: list[dict]) -> str:
     head = "| repeat | stack | " + " | ".join(label for _, label, _ in KEYS) + " |"
     lines = [head, "|" + "---|" * (len(KEYS) + 2)]
@@ -89,7 +81,7 @@ def table(runs: list[dict]) -> str:
             if s is None:
                 continue
             lines.append(f"| {r['repeat'] + 1} | {name} | "
-                         + " | ".join(fmt(s.get(k), f) for k, _, f in KEYS) + " |")
+                         + " | ".join(report.format_value(s.get(k), f) for k, _, f in KEYS) + " |")
     return "\n".join(lines)
 
 

@@ -65,7 +65,9 @@ def summarize(results: list[Result], wall_s: float, engines: dict[str, float] | 
     }
 
 
-def _fmt(value: Any, fmt: str) -> str:
+def format_value(value: Any, fmt: str) -> str:
+    """One figure as the tables print it (``fmt``: a format string, or ``ms`` for seconds
+    shown as milliseconds); None is ``-``."""
     if value is None:
         return "-"
     if fmt == "ms":
@@ -75,7 +77,7 @@ def _fmt(value: Any, fmt: str) -> str:
 
 def table(summaries: dict[str, dict[str, Any]]) -> str:
     names = list(summaries)
-    rows = [["", *names]] + [[label, *(_fmt(_get(summaries[n], k), f) for n in names)]
+    rows = [["", *names]] + [[label, *(format_value(_get(summaries[n], k), f) for n in names)]
                              for k, label, f in FIELDS
                              if any(_get(summaries[n], k) is not None for n in names)]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -91,7 +93,7 @@ def markdown(summaries: dict[str, dict[str, Any]], title: str = "Anchorage drive
            "|---|" + "---:|" * len(names)]
     for k, label, f in FIELDS:
         if any(_get(summaries[n], k) is not None for n in names):
-            out.append(f"| {label} | " + " | ".join(_fmt(_get(summaries[n], k), f)
+            out.append(f"| {label} | " + " | ".join(format_value(_get(summaries[n], k), f)
                                                     for n in names) + " |")
     for n in names:
         if summaries[n]["errors"]:

@@ -34,6 +34,15 @@ def test_command_binds_loopback_and_lists_every_engine():
     assert argv[argv.index("--worker-urls") + 1:] == ["http://127.0.0.1:1", "http://127.0.0.1:2"]
 
 
+@pytest.fixture
+def fake_smg(tmp_path):
+    """An executable that stands in for the gateway where only its presence is checked."""
+    exe = tmp_path / "smg"
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    return exe
+
+
 def test_binary_from_the_environment(tmp_path, monkeypatch):
     exe = tmp_path / "smg"
     exe.write_text("#!/bin/sh\n")
@@ -43,11 +52,8 @@ def test_binary_from_the_environment(tmp_path, monkeypatch):
     assert gateway.binary() == str(exe)
 
 
-def test_stack_config_checks_the_gateway(tmp_path, monkeypatch):
-    exe = tmp_path / "smg"
-    exe.write_text("#!/bin/sh\n")
-    exe.chmod(0o755)
-    monkeypatch.setenv("ANCHORAGE_SMG", str(exe))
+def test_stack_config_checks_the_gateway(tmp_path, monkeypatch, fake_smg):
+    monkeypatch.setenv("ANCHORAGE_SMG", str(fake_smg))
     assert StackConfig(router="smg").validate().router == "smg"
     with pytest.raises(ValueError, match="unknown smg policy"):
         StackConfig(router="smg:nope").validate()
@@ -58,11 +64,8 @@ def test_stack_config_checks_the_gateway(tmp_path, monkeypatch):
         StackConfig(router="smg").validate()
 
 
-def test_demo_refuses_token_id_prompts_through_the_gateway(tmp_path):
-    exe = tmp_path / "smg"
-    exe.write_text("#!/bin/sh\n")
-    exe.chmod(0o755)
-    env = dict(os.environ, ANCHORAGE_SMG=str(exe))
+def test_demo_refuses_token_id_prompts_through_the_gateway(fake_smg):
+    env = dict(os.environ, ANCHORAGE_SMG=str(fake_smg))
     p = cli("demo", "--configs", "smg=off/smg", "--isolate", "off", env=env)
     assert p.returncode == 2 and "takes text only" in error_line(p)
     p = cli("demo", "--configs", "smg=off/smg", "--prompt-format", "chat", "--isolate", "off",
