@@ -302,6 +302,11 @@ class Replica:
                 stalled = True
                 break  # nothing was released since it last did not fit
             if not can_allocate(pool, ctx, r.prefill_target):
+                ret = self.retention
+                if ret is not None and ret.pins and ret.p.yield_to_waiting:
+                    self._unpin(ret.latest())  # a stalled agent's KV yields to new work
+                    ret.released_early += 1
+                    continue
                 self._blocked = (r, pool.sim_free_epoch)
                 stalled = True
                 break

@@ -20,7 +20,14 @@ and ``vllm/v1/core/sched/scheduler.py``):
   replica (then by arrival), preempted requests first; the preemption victim is the
   running request whose session arrived last.
 
-Parameters: ``ttl_s`` 2.0, ``threshold_s`` 2.0.
+- ``yield_to_waiting`` (off for Continuum, which makes a waiting request wait for the
+  pins' expiry): when the waiting queue's head does not fit, the pin that expires last is
+  released first, until it fits or no pin is left. This models a baseline that keeps a
+  stalled agent's KV resident only while no other request needs the memory (the vLLM
+  baselines of the TokenCake paper; with an unbounded ``ttl_s`` and no yielding such a
+  replica deadlocks once stalled agents hold every block).
+
+Parameters: ``ttl_s`` 2.0, ``threshold_s`` 2.0, ``yield_to_waiting`` False.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from dataclasses import dataclass, field
 class PinParams:
     ttl_s: float = 2.0
     threshold_s: float = 2.0
+    yield_to_waiting: bool = False
 
     def __post_init__(self) -> None:
         if self.ttl_s < 0 or self.threshold_s < 0:

@@ -100,6 +100,39 @@ def test_continuum_pins_hold_blocks_until_expiry_and_learn_gaps():
     assert rep.pool.num_free_blocks == 32 and not rep.retention.pins
 
 
+@pytest.mark.parametrize("yields", [False, True])
+def test_retained_kv_yields_to_a_waiting_request_only_when_configured(yields):
+    """A replica whose stalled agents pin every block: with ``yield_to_waiting`` the
+    waiting request takes the pin that expires last at once; without, it waits for the
+    pins' expiry (Continuum's rule)."""
+    prof = tiny_profile(capacity=8)
+    rep = Replica(0, prof, BlockPool(8, 16, LRUPolicy()))
+    rep.retention = ContinuumPins(PinParams(ttl_s=1e9, threshold_s=1e9,
+                                            yield_to_waiting=yields))
+
+    def run(sid, keys, now):
+        ctx = RequestContext(request_id=sid, keys=keys, input_length=16 * len(keys),
+                             output_length=1, session_id=sid, tool_name="ls")
+        rep.enqueue(SimRequest(ctx, now, session=sid))
+        for _ in range(50):
+            plan = rep.plan_step(now)
+            if plan is None:
+                break
+            now += plan.duration_s
+            rep.finish_step(plan)
+        return now
+
+    now = run("a", [1, 2, 3, 4], 0.0)
+    now = run("b", [5, 6, 7, 8], now)
+    assert set(rep.retention.pins) == {"a", "b"} and rep.pool.num_free_blocks == 0
+    run("c", [9, 10, 11, 12], now)
+    if yields:
+        assert set(rep.retention.pins) == {"a", "c"}   # b stalled last: its KV went
+        assert rep.retention.released_early == 1 and not rep.waiting
+    else:
+        assert set(rep.retention.pins) == {"a", "b"} and len(rep.waiting) == 1
+
+
 def test_program_fcfs_orders_by_session_start_and_preempts_the_latest_session():
     prof = tiny_profile(capacity=64, max_num_seqs=1)
     rep = Replica(0, prof, BlockPool(64, 16, LRUPolicy()), admission="program-fcfs")
