@@ -5,7 +5,7 @@ PY      ?= python3
 VENV    ?= .venv
 export ANCHORAGE_VENV := $(abspath $(VENV))
 
-.PHONY: demo policies test test-cluster setup setup-core setup-demo bench clean
+.PHONY: demo policies fleet-quick test test-cluster setup setup-core setup-demo bench clean
 
 # Everything `make test` needs (the dev extra, vLLM's CPU build, Ray, kopf, a Kubernetes
 # 1.20 build, Prometheus).
@@ -29,6 +29,12 @@ demo: setup-demo
 policies: setup-core
 	@$(VENV)/bin/anchorage bench --workloads generated:pipeline,generated:random --no-half-lru \
 	    --policies lru,arc,cachescout,cachewise,hybrid,belady --capacities 0.02,0.05,0.1
+
+# The headline benchmark's small matrix (simulator only): every peer stack, Anchorage and
+# the infinite-HBM limit on the four workloads, one seed, three loads; about 7 minutes on
+# two cores. Tables and plots in out/fleet-quick/ (BENCHMARKS.md has the full matrix).
+fleet-quick: setup-core
+	@$(VENV)/bin/python -m bench.bench_fleet --quick --jobs 2 --out out/fleet-quick/fleet_quick.json
 
 test: setup
 	@bash scripts/run_tests.sh

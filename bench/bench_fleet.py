@@ -65,7 +65,7 @@ QUICK_STACKS = PEERS + ["anchorage", "limit-hbm"]
 # (``--from-cache`` reports what the cache holds and lists the rest as not run)
 LOADS = {"weka": [4, 6, 8, 10, 12, 16, 20], "swe": [64, 128, 192, 256],
          "gen": [100, 200, 250, 300, 350, 400], "mooncake": [0.1, 0.25, 0.5, 1.0, 1.5]}
-QUICK_LOADS = {"weka": [4, 8, 12], "swe": [16, 64, 192], "gen": [100, 400, 800],
+QUICK_LOADS = {"weka": [4, 8, 12], "swe": [16, 64, 128], "gen": [100, 250, 400],
                "mooncake": [0.25, 0.75, 1.5]}
 REPLICAS = {"weka": 8, "swe": 2, "gen": 4, "mooncake": 4}
 # seeds of the committed tables (WEKA seed 2: the four strongest peers of seed 1, Anchorage
@@ -86,7 +86,11 @@ def sessions_for(job: dict) -> int:
         return 0
     slots = int(round(job["load"] * job["gpus"]))
     n = max(job["min_sessions"], int(job["sessions_per_slot"] * slots))
-    return min(n, 710) if job["workload"] == "weka" else n
+    n = min(n, 710) if job["workload"] == "weka" else n
+    if n <= slots:  # every session starts at once: the steady-state window is empty
+        raise ValueError(f"{n} sessions for {slots} slots: a closed loop needs more sessions "
+                         "than slots (--sessions-per-slot > 1)")
+    return n
 
 
 def setting_of(job: dict, block_size: int) -> Setting:
@@ -135,8 +139,7 @@ def make_jobs(args) -> list[dict]:
                         "gpus": reps * prof.devices, "slo_s": args.slo_s,
                         "host_gb_per_gpu": args.host_gb_per_gpu, "link_gbs": args.link_gbs,
                         "gpus_per_link": args.gpus_per_link,
-                        "sessions_per_slot": (args.sessions_per_slot or
-                                              (1.0 if args.quick else PER_SLOT[wl])),
+                        "sessions_per_slot": args.sessions_per_slot or PER_SLOT[wl],
                         "min_sessions": (args.min_sessions if args.min_sessions is not None
                                          else (QUICK_MIN if args.quick else MIN_SESSIONS)[wl])})
     # the headline rows first (peers, Anchorage, the HBM limit), seed by seed, workload by
@@ -194,7 +197,10 @@ def parse(argv=None):
     ap.add_argument("--host-gb-per-gpu", type=float, default=256.0)
     ap.add_argument("--link-gbs", type=float, default=50.0, help="per GPU, each way")
     ap.add_argument("--gpus-per-link", type=int, default=1)
-    ap.add_argument("--sessions-per-slot", type=float, default=None)
+    ap.add_argument("--sessions-per-slot", type=float, default=None,
+                    help="sessions simulated per slot (> 1: the window is the steady state "
+                         "between the ramp-up and the last session's start); default per "
+                         "workload (WEKA, SWE 1.5; gen 1.2)")
     ap.add_argument("--min-sessions", type=int, default=None)
     ap.add_argument("--cache", default=None, help="run cache (JSON lines) to resume from")
     ap.add_argument("--from-cache", action="store_true",
@@ -216,6 +222,9 @@ def parse(argv=None):
             get_stack(s)
         except ValueError as exc:
             ap.error(str(exc))
+    if args.sessions_per_slot is not None and args.sessions_per_slot <= 1:
+        ap.error("--sessions-per-slot must be > 1: with one session per slot every session "
+                 "starts at once and there is no steady state to measure")
     args.loads = [float(x) for x in args.loads.split(",")] if args.loads else None
     args.seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else None
     tag = "fleet_quick" if args.quick else "fleet"
