@@ -137,6 +137,14 @@ SERVE_PROXY_TIMEOUTS = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",
                         "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "30"}
 
 
+# Ray starts its worker processes (the Serve replicas, the HAProxy manager and the HAProxy
+# it spawns) at nice 15 by default: on a node whose cores are busy (engines beside the
+# router) a nice-15 router waits behind them at every wake-up (measured on the local stack:
+# TTFT p50 about twice the SGLang gateway's). The router is on the request path: normal
+# priority. A value already in the environment wins. The chart sets the same.
+RAY_WORKER_PRIORITY = {"RAY_worker_niceness": "0"}
+
+
 def hosting_env(cfg: RouterConfig, workdir: str | None = None,
                 local: bool = True) -> dict[str, str]:
     """Environment for the Ray that hosts the router (set before Ray starts): Serve's
@@ -145,8 +153,10 @@ def hosting_env(cfg: RouterConfig, workdir: str | None = None,
     HAProxy's socket paths stop at 97 characters: keep ``workdir`` short. ``local``
     (a router on this machine: ``anchorage up``/``router``, tests): HAProxy's stats and
     Prometheus listeners bind loopback (``loopback_haproxy``). Either ingress: Serve's
-    proxy timeouts for a busy node (``SERVE_PROXY_TIMEOUTS``)."""
-    slow = {k: os.environ.get(k, v) for k, v in SERVE_PROXY_TIMEOUTS.items()}
+    proxy timeouts for a busy node (``SERVE_PROXY_TIMEOUTS``) and normal priority for Ray's
+    workers (``RAY_WORKER_PRIORITY``)."""
+    slow = {k: os.environ.get(k, v)
+            for k, v in {**SERVE_PROXY_TIMEOUTS, **RAY_WORKER_PRIORITY}.items()}
     if cfg.ingress != "haproxy":
         return slow
     d = workdir or tempfile.mkdtemp(prefix="ah-", dir="/tmp")   # Unix socket paths: short

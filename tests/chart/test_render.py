@@ -457,9 +457,11 @@ def test_router_deployment(default_objects):
                          f"--k8s-selector=app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=model",
                          "--k8s-port=8000", "--k8s-kind=EndpointSlice"]
     # Serve's proxy timeouts for a busy node: the same as a local router's Ray gets
-    from anchorage.router.app import SERVE_PROXY_TIMEOUTS
+    from anchorage.router.app import RAY_WORKER_PRIORITY, SERVE_PROXY_TIMEOUTS
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert {k: env.get(k) for k in SERVE_PROXY_TIMEOUTS} == SERVE_PROXY_TIMEOUTS
+    # and Ray's workers (the router replica, HAProxy) at normal priority, as a local router's
+    assert {k: env.get(k) for k in RAY_WORKER_PRIORITY} == RAY_WORKER_PRIORITY
     # The same arguments parse with the real `anchorage router` command line.
     from anchorage.cli import build_parser
     args = build_parser().parse_args(c["args"])

@@ -659,3 +659,24 @@ def pod_metric(url: str, name: str) -> float:
         if line.startswith(name) and not line.startswith("#"):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def niceness(*names: str) -> dict[str, list[int]]:
+    """The nice value of every process of this host whose command line contains one of
+    ``names`` (``/proc``), by name."""
+    out: dict[str, list[int]] = {n: [] for n in names}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        nice = int(stat[stat.rindex(")") + 2:].split()[16])  # field 19 of stat(5)
+        for n in names:
+            if n in cmd:
+                out[n].append(nice)
+    return out

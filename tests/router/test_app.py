@@ -58,6 +58,17 @@ def completion(ns, prompt, session=None, key="sk-alice", stream=False, **extra):
               headers=headers)
 
 
+def test_the_router_replica_and_its_haproxy_run_at_normal_priority(router):
+    """Ray starts its workers at nice 15 unless told otherwise; a router on a node whose
+    cores the engines keep busy then waits behind them on every request
+    (``router.app.RAY_WORKER_PRIORITY``)."""
+    ns = router()
+    assert completion(ns, "hello")["status"] == 200
+    nice = ns("niceness", "ServeReplica", "haproxy")
+    assert nice["ServeReplica"] and nice["haproxy"], nice
+    assert set(nice["ServeReplica"]) == {0} and set(nice["haproxy"]) == {0}, nice
+
+
 def test_forwards_canonical_metadata_and_keeps_sessions_on_one_replica(router, cluster):
     ns = router()
     prompt = list(range(64))

@@ -4,15 +4,15 @@ already in the environment wins."""
 
 from __future__ import annotations
 
-from anchorage.router.app import SERVE_PROXY_TIMEOUTS, hosting_env
+from anchorage.router.app import RAY_WORKER_PRIORITY, SERVE_PROXY_TIMEOUTS, hosting_env
 from anchorage.router.config import RouterConfig
 
 
 def test_proxy_timeouts_for_either_ingress_and_the_environment_wins(monkeypatch, tmp_path):
-    for k in SERVE_PROXY_TIMEOUTS:
+    for k in {**SERVE_PROXY_TIMEOUTS, **RAY_WORKER_PRIORITY}:
         monkeypatch.delenv(k, raising=False)
     serve = hosting_env(RouterConfig(replicas=["http://x"], ingress="serve"))
-    assert serve == SERVE_PROXY_TIMEOUTS
+    assert serve == {**SERVE_PROXY_TIMEOUTS, "RAY_worker_niceness": "0"}
     assert float(serve["RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"]) > 5      # Ray's default
     env = hosting_env(RouterConfig(replicas=["http://x"]), str(tmp_path))
     assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "1"

@@ -72,6 +72,10 @@ app.kubernetes.io/instance={{ .Release.Name }},app.kubernetes.io/component=model
   value: "60"
 - name: RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S
   value: "30"
+# Ray starts its workers (the Serve replicas, HAProxy) at nice 15: the router is on the
+# request path, so normal priority (router.app.RAY_WORKER_PRIORITY)
+- name: RAY_worker_niceness
+  value: "0"
 {{- with .Values.router.extraEnv }}
 {{ toYaml . }}
 {{- end }}
