@@ -145,14 +145,22 @@ class TextBlocks:
         return got
 
     def prompt(self, rec: TraceRecord, limit: int) -> str:
+        """The record's blocks, in order, until the text is ``min(input_length, limit)``
+        tokens long (the fewest blocks that reach it, or all of them), cut to that length.
+        The length only grows with blocks, so the count is found by bisection: O(log n)
+        tokenizations of the text instead of one per block."""
         tenant = rec.tenant or ""
         ids = list(rec.hash_ids) or [-1]
-        text = ""
-        for bid in ids:
-            if self._length(text) >= min(rec.input_length, limit):
-                break
-            text += self.block(tenant, bid)
-        return self._cut(text, min(rec.input_length, limit))
+        target = min(rec.input_length, limit)
+        parts = [self.block(tenant, bid) for bid in ids]
+        lo, hi = 0, len(parts)      # the fewest blocks k whose text reaches target: in [lo, hi]
+        while lo < hi:
+            k = (lo + hi) // 2
+            if self._length("".join(parts[:k])) >= target:
+                hi = k
+            else:
+                lo = k + 1
+        return self._cut("".join(parts[:lo]), target)
 
     def _length(self, text: str) -> int:
         if self._tok is not None:

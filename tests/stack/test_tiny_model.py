@@ -54,3 +54,28 @@ def test_chat_prompts_keep_the_traces_sharing():
     assert a[:48] == b[:48] and a != b                  # two shared blocks of 24 words
     with pytest.raises(ValueError, match="prompt format"):
         PlanOptions(prompt_format="xml")
+
+
+def test_text_prompts_measured_by_a_tokenizer_take_the_fewest_blocks_that_reach_the_length(tmp_path):
+    """``TextBlocks.prompt`` finds the block count by bisection; it must equal adding
+    blocks one by one until the text is long enough, then cutting it to the length."""
+    pytest.importorskip("tokenizers")
+    from anchorage.drive.plan import TextBlocks
+    d = write_model(tmp_path / "m", "chat")
+    tb = TextBlocks(32, seed=3, tokenizer=str(d))
+
+    def reference(rec, limit):
+        text, target = "", min(rec.input_length, limit)
+        for bid in rec.hash_ids:
+            if tb._length(text) >= target:
+                break
+            text += tb.block("", bid)
+        return tb._cut(text, target)
+
+    for n, length, limit in ((1, 20, 4000), (5, 150, 4000), (12, 330, 4000), (12, 330, 100),
+                             (3, 1000, 4000)):
+        rec = TraceRecord(timestamp=0, hash_ids=list(range(n)), input_length=length,
+                          output_length=1)
+        got = tb.prompt(rec, limit)
+        assert got == reference(rec, limit)
+        assert tb._length(got) <= min(length, limit)
