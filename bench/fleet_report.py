@@ -158,6 +158,7 @@ def headline(summary: dict, target: float | None = None) -> str:
             Column("Anchorage / best peer", "ratio"), Column("limit-hbm", "lg"),
             Column("bound: limit peak / best peer", "bound"),
             Column("target (x best peer)", "verdict"),
+            Column("limit-host (x best peer)", "host"),
             Column("limit-tiers (x best peer)", "tiers")]
     rows = []
     for wl, stacks in summary.items():
@@ -184,12 +185,14 @@ def headline(summary: dict, target: float | None = None) -> str:
                      "ag": f"{ge['a']}{a['goodput_at_slo']:.4g}", "ratio": _fmt(ratio, ".3f"),
                      "lg": "-" if lg is None else f"{ge['l']}{lg:.4g}",
                      "bound": (">=" if growing else "") + _fmt(bound, ".3f"),
-                     "verdict": verdict, "tiers": _tiers(stacks.get("limit-tiers"), pg)})
+                     "verdict": verdict, "host": _tiers(stacks.get("limit-host"), pg),
+                     "tiers": _tiers(stacks.get("limit-tiers"), pg)})
     return format_table(cols, rows, markdown=True) + "\n"
 
 
 def _tiers(lim: dict | None, peer_goodput: float) -> str:
-    """The free-reload limit's goodput at the SLO and its ratio to the best peer's."""
+    """A tier limit's (infinite host, free reloads) goodput at the SLO and its ratio to the
+    best peer's."""
     if not lim:
         return "-"
     g = lim["goodput_at_slo"]

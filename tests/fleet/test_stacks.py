@@ -138,7 +138,7 @@ def test_headline_names_the_best_peer_and_calls_an_unreachable_target():
     assert cells[4] == "1.040"
     assert cells[6] == ">=1.200"       # the limit's throughput still grows: open-ended
     assert cells[7] == "1.3x: missed"   # the default target of a workload not in TARGETS
-    assert cells[8] == "-"             # no free-reload limit row in this summary
+    assert cells[8] == cells[9] == "-"  # no infinite-host or free-reload limit row here
     assert "1.02x: met" in headline(summarize(rows, 2.0, roles), target=1.02)
     gen = [{**r, "workload": "gen"} for r in rows]      # issue 18's 1.2x on that workload
     assert "1.2x: missed" in headline(summarize(gen, 2.0, roles))
@@ -146,10 +146,14 @@ def test_headline_names_the_best_peer_and_calls_an_unreachable_target():
         rows.append({"workload": "w", "stack": "limit-tiers", "load": load, "seed": 1,
                      "ttft_p90_s": 1.5 * load, "turns_per_s_per_gpu": 2.75 * load,
                      "goodput_per_gpu": 2.75 * load})
-    roles["limit-tiers"] = "limit"
+        rows.append({"workload": "w", "stack": "limit-host", "load": load, "seed": 1,
+                     "ttft_p90_s": 0.5 * load, "turns_per_s_per_gpu": 2.6 * load,
+                     "goodput_per_gpu": 2.6 * load})
+    roles["limit-tiers"] = roles["limit-host"] = "limit"
     line = headline(summarize(rows, 2.0, roles)).splitlines()[-1]
     cells = [c.strip() for c in line.strip("|").split("|")]
-    assert cells[8] == "3.667 (0.73x)"    # crosses the SLO between loads 1 and 2
+    assert cells[8] == ">=5.2 (>=1.04x)"   # the infinite-host limit: within the SLO throughout
+    assert cells[9] == "3.667 (0.73x)"    # crosses the SLO between loads 1 and 2
 
 
 def test_a_stack_within_the_slo_at_every_load_is_open_ended():
