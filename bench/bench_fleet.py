@@ -190,7 +190,8 @@ def parse(argv=None):
     ap.add_argument("--stacks", default=None, help="comma-separated (default: the matrix's)")
     ap.add_argument("--loads", default=None, help="comma-separated, for every workload")
     ap.add_argument("--seeds", default=None,
-                    help="comma-separated; default per workload (WEKA, gen 1,2; SWE 1,2,3; Mooncake 1: no seed changes it); quick: 1")
+                    help="comma-separated; default per workload (WEKA, gen 1,2; SWE 1,2,3; "
+                         "Mooncake 1: no seed changes it); quick: 1")
     ap.add_argument("--profile", default="h200-llama3-8b")
     ap.add_argument("--replicas", type=int, default=None,
                     help="default per workload (WEKA 8; SWE 2; gen, Mooncake 4); quick: 4")

@@ -113,8 +113,8 @@ ARMS = {
 }
 ARMS["cachewise-swe"] = ARMS["cachewise"]
 SWE_CAPACITY_BLOCKS = 3300   # 687,712 tokens x (7.7k / 100k) / 16: the paper's fill per session
-LOADS = {"cachewise": [30, 40, 50], "cachewise-swe": [30, 40, 50], "cachescout": [0.1, 0.25, 0.4, 0.6],
-         "tokencake": [0.5, 1.0, 2.0]}
+LOADS = {"cachewise": [30, 40, 50], "cachewise-swe": [30, 40, 50],
+         "cachescout": [0.1, 0.25, 0.4, 0.6], "tokencake": [0.5, 1.0, 2.0]}
 CLAIMS = {
     "cachewise": "vs vLLM (prefix-aware): token goodput 1.2-1.6x, session completion "
                  "1.7-2x lower; vs vLLM: goodput 1.64-2x, completion 2.7-3.5x lower, "
