@@ -363,6 +363,8 @@ class Replica:
         self.pool.sim_free_epoch += 1
 
     def _release_pins(self, now: float) -> None:
+        if self.retention.next_expiry_s() > now:
+            return  # nothing expired: skip the O(queue) set (long queues made runs crawl)
         waiting = {r.session for r in self.waiting}
         for s in self.retention.expired(now, waiting):
             self._unpin(s)
