@@ -185,12 +185,12 @@ def headline(summary: dict, target: float | None = None) -> str:
                      "ag": f"{ge['a']}{a['goodput_at_slo']:.4g}", "ratio": _fmt(ratio, ".3f"),
                      "lg": "-" if lg is None else f"{ge['l']}{lg:.4g}",
                      "bound": (">=" if growing else "") + _fmt(bound, ".3f"),
-                     "verdict": verdict, "host": _tiers(stacks.get("limit-host"), pg),
-                     "tiers": _tiers(stacks.get("limit-tiers"), pg)})
+                     "verdict": verdict, "host": _limit_cell(stacks.get("limit-host"), pg),
+                     "tiers": _limit_cell(stacks.get("limit-tiers"), pg)})
     return format_table(cols, rows, markdown=True) + "\n"
 
 
-def _tiers(lim: dict | None, peer_goodput: float) -> str:
+def _limit_cell(lim: dict | None, peer_goodput: float) -> str:
     """A tier limit's (infinite host, free reloads) goodput at the SLO and its ratio to the
     best peer's."""
     if not lim:

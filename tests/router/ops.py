@@ -663,19 +663,18 @@ def pod_metric(url: str, name: str) -> float:
 
 def niceness(*names: str) -> dict[str, list[int]]:
     """The nice value of every process of this host whose command line contains one of
-    ``names`` (``/proc``), by name."""
+    ``names``, by name."""
+    from tests.support.procs import cmdline
+
     out: dict[str, list[int]] = {n: [] for n in names}
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
+        cmd = cmdline(int(pid))
         try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-            with open(f"/proc/{pid}/stat") as f:
-                stat = f.read()
-        except OSError:
+            nice = os.getpriority(os.PRIO_PROCESS, int(pid))
+        except OSError:  # gone since the listing
             continue
-        nice = int(stat[stat.rindex(")") + 2:].split()[16])  # field 19 of stat(5)
         for n in names:
             if n in cmd:
                 out[n].append(nice)
