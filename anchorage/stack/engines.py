@@ -15,7 +15,6 @@ stock vLLM, nothing patched)."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,10 +87,17 @@ def engine_command(spec: EngineSpec, base_env: dict[str, str]) -> tuple[list[str
                HOME=str(spec.workdir / "home"))
     if spec.cpu:
         env.setdefault("OMP_NUM_THREADS", "1")
-        # vLLM's CPU worker pins its threads ("auto": the first core, one reserved): every
-        # engine of the stack on the same core, so a restarting engine's worker got almost
-        # no CPU next to a busy neighbour (minutes to start). One core each, round robin.
-        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(spec.index % (os.cpu_count() or 1)))
+        # No engine is pinned to a core. vLLM's CPU worker pins its threads by default
+        # ("auto": every engine of the stack on the first core), and a worker serving
+        # requests spins on its queue (sched_yield) all the time: a process pinned to the
+        # same core next to it gets almost no CPU (measured: 0.2 s of CPU in 100 s).
+        # Pinning each engine to its own core (the previous setting) was not enough: every
+        # process that imports torch pins itself to each core in turn while cpuinfo reads
+        # it (`strace`: [0] ... [1] ... [0 1]), so a restarting engine stalled on core 0
+        # behind engine 0's worker for as long as requests kept it busy (the restart
+        # "hung" under load and came up in 24 s once the load stopped). Unpinned, the
+        # kernel moves the busy worker away. The chart's CPU values do the same.
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     return argv, env
 
 

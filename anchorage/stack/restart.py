@@ -10,12 +10,15 @@ Specification (pure; the supervisor calls it with what it observed):
   30 ... with the defaults.
 - The stack gives up on a child after ``max_restarts`` restarts failed in a row, i.e. when
   ``failures > max_restarts``; a given-up child stays down.
-- A restart is given ``restart_timeout_s(first_ready_s, timeout_s) = min(timeout_s,
-  max(hung_start_min_s, hung_start_factor * first_ready_s))`` to become ready, where
-  ``first_ready_s`` is how long the child's first start took (unknown: ``timeout_s``): a
-  start that takes several times longer than the first one is hung (seen: a vLLM engine
-  whose forked worker never came up after its predecessor was killed), and is restarted
-  rather than waited for.
+- A restart is given ``restart_timeout_s(first_ready_s, timeout_s, failed) = min(timeout_s,
+  max(hung_start_min_s, hung_start_factor * first_ready_s) * 2 ** failed)`` to become
+  ready, where ``first_ready_s`` is how long the child's first start took (unknown:
+  ``timeout_s``) and ``failed`` how many restarts in a row before this one were not ready in
+  time: a start that takes several times longer than the first one is taken for hung (seen:
+  a restarting vLLM engine that got no CPU behind a busy engine pinned to the same core,
+  ``anchorage.stack.engines``) and is restarted rather than waited for; each such restart
+  in a row gets twice the time of the one before, so a start that is only slow (a busy
+  machine) still comes up instead of being cut off at the same point again and again.
 - The stack can serve while its router is not given up and at least one engine is not
   given up (node agents and Prometheus are optional to serving); ``anchorage up`` ends
   only on Ctrl-C/SIGTERM or when it cannot serve. A child waiting for its restart still
@@ -70,11 +73,14 @@ class RestartPolicy:
         """Seconds to wait before restarting a child after its ``failures``-th failure."""
         return min(self.backoff_max_s, self.backoff_s * 2.0 ** max(0, failures - 1))
 
-    def restart_timeout_s(self, first_ready_s: float | None, timeout_s: float) -> float:
-        """Seconds a restarted child gets to become ready (module spec)."""
+    def restart_timeout_s(self, first_ready_s: float | None, timeout_s: float,
+                          failed: int = 0) -> float:
+        """Seconds a restarted child gets to become ready, after ``failed`` restarts in a row
+        that were not (module spec)."""
         if first_ready_s is None:
             return timeout_s
-        return min(timeout_s, max(self.hung_start_min_s, self.hung_start_factor * first_ready_s))
+        base = max(self.hung_start_min_s, self.hung_start_factor * first_ready_s)
+        return min(timeout_s, base * 2.0 ** max(0, failed))
 
     def gives_up(self, failures: int) -> bool:
         return failures > self.max_restarts

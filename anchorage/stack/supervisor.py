@@ -137,6 +137,21 @@ class Child:
             return ""
         return "\n".join("    " + s for s in text[-lines:])
 
+    def last_line(self, limit: int = 240) -> str:
+        """The last non-blank line of the child's log, cut to ``limit`` characters: where a
+        start that never became ready stopped."""
+        try:
+            with open(self.log, "rb") as fh:
+                fh.seek(max(0, fh.seek(0, os.SEEK_END) - 8192))
+                lines = fh.read().decode(errors="replace").splitlines()
+        except OSError:
+            return ""
+        for line in reversed(lines):
+            if line.strip():
+                line = line.strip()
+                return line if len(line) <= limit else line[:limit - 3] + "..."
+        return ""
+
     @property
     def given_up(self) -> bool:
         return self.state == GIVEN_UP
@@ -269,9 +284,12 @@ class Supervisor:
                     c.state, c.ready_at = RUNNING, now
                     return (f"{c.name} is back (restart {c.restarts}, ready "
                             f"{now - c.started_at:.0f} s after it started)")
-                limit = self.policy.restart_timeout_s(c.first_ready_s, c.ready_timeout_s)
+                limit = self.policy.restart_timeout_s(c.first_ready_s, c.ready_timeout_s,
+                                                      c.failures - 1)
                 if now - c.started_at > limit:
-                    return self._failed(c, f"was not ready {limit:.0f} s after its restart",
+                    last = c.last_line()
+                    return self._failed(c, f"was not ready {limit:.0f} s after its restart"
+                                        + (f" (its log last said: {last})" if last else ""),
                                         now, table)
             elif c.failures and now - c.ready_at >= self.policy.stable_s:
                 c.failures = 0

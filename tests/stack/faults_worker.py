@@ -242,6 +242,23 @@ def phase_sockets(up: Up, out: dict) -> None:
     out["tx_packets"] = tx_packets(OUTSIDE)
 
 
+def diagnosis(up: Up) -> str:
+    """What a failed phase leaves for whoever reads the failure without the machine: the
+    busiest processes and the end of every engine's log."""
+    parts = []
+    try:
+        ps = subprocess.run(["ps", "-eo", "pid,ppid,ni,pcpu,stat,etimes,comm", "--sort=-pcpu"],
+                            capture_output=True, text=True, timeout=10).stdout
+        parts.append("--- ps (busiest first) ---\n" + "\n".join(ps.splitlines()[:25]))
+    except Exception as exc:  # noqa: BLE001
+        parts.append(f"--- ps failed: {exc}")
+    for log in sorted((up.work / "stack" / "logs").glob("engine-*.log")):
+        lines = log.read_text(errors="replace").splitlines()
+        parts.append(f"--- {log.name} (last 40 of {len(lines)} lines) ---\n"
+                     + "\n".join(ln[:300] for ln in lines[-40:]))
+    return "\n".join(parts)
+
+
 def main(result_path: str, work: str) -> None:
     global UP
     res: dict = {"phases": {}, "tx_before": tx_packets(OUTSIDE)}
@@ -260,6 +277,7 @@ def main(result_path: str, work: str) -> None:
                 fn(up, out)
             except Exception as exc:  # noqa: BLE001 - reported to the test
                 out["error"] = f"{exc}\n{traceback.format_exc()}"
+                out["diagnosis"] = diagnosis(up)
     except Exception as exc:  # noqa: BLE001
         res["error"] = f"{exc}\n{traceback.format_exc()}"
     finally:

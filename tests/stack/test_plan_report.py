@@ -4,7 +4,6 @@ layout, engine command lines, the Prometheus config, and the supervisor's clean 
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -128,13 +127,13 @@ def test_port_layout_and_engine_commands(tmp_path):
     kv = json.loads(argv[argv.index("--kv-events-config") + 1])
     assert kv["endpoint"].startswith("ipc://")
     assert env["ANCHORAGE_POLICY"] == "hybrid" and "ANCHORAGE_OTHER" not in env
-    # each CPU engine's worker on its own core (vLLM's "auto" puts them all on the first)
-    ncpu = os.cpu_count() or 1
-    binds = [engine_command(EngineSpec(i, 1, 2, "/m", tmp_path), {})[1]
-             ["VLLM_CPU_OMP_THREADS_BIND"] for i in range(ncpu + 1)]
-    assert binds == [str(i) for i in range(ncpu)] + ["0"]
-    assert engine_command(spec, {"VLLM_CPU_OMP_THREADS_BIND": "nobind"})[1][
-        "VLLM_CPU_OMP_THREADS_BIND"] == "nobind"           # the user's setting wins
+    # no CPU engine's worker pinned to a core (engines.py: a pinned busy worker starves
+    # whatever else lands on its core, a restarting engine's torch import included)
+    binds = {engine_command(EngineSpec(i, 1, 2, "/m", tmp_path), {})[1]
+             ["VLLM_CPU_OMP_THREADS_BIND"] for i in range(3)}
+    assert binds == {"nobind"}
+    assert engine_command(spec, {"VLLM_CPU_OMP_THREADS_BIND": "1"})[1][
+        "VLLM_CPU_OMP_THREADS_BIND"] == "1"                # the user's setting wins
     sargv, senv = sidecar_command(spec, {})
     assert sargv[sargv.index("--listen") + 1] == "127.0.0.1:20040"
     cfg = json.loads(config_text({"vllm": ["127.0.0.1:1"], "empty": []}))

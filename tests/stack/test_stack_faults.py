@@ -46,7 +46,8 @@ def faults(tmp_path_factory):
 
 def phase(res: dict, name: str) -> dict:
     p = res["phases"][name]
-    assert "error" not in p, p["error"] + "\n--- up log ---\n" + res["up_log"][-4000:]
+    assert "error" not in p, (p["error"] + "\n--- up log ---\n" + res["up_log"][-4000:]
+                              + "\n" + p.get("diagnosis", ""))
     return p
 
 
