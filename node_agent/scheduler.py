@@ -12,7 +12,11 @@ Behaviour: before each ``schedule()`` step, the waiting queue is reordered by
 ``anchorage.policies.admission.admission_order``: fewest new (uncached) blocks first,
 ``a_i = ceil(num_tokens_i / block_size) - (leading prompt blocks in vLLM's prefix
 cache)``, aged by ``ANCHORAGE_ADMISSION_AGING_S`` seconds per block (default 0.05; the
-aging bound is stated there). With ``ANCHORAGE_TIERING=spatial`` a request's arrival is
+aging bound is stated there), with the deployment's TTFT target
+``ANCHORAGE_ADMISSION_TTFT_TARGET_S`` (default 2; ``0`` or ``off``: none): a request that has
+waited ``ANCHORAGE_ADMISSION_URGENT_FRAC`` (0.5) of it goes first, in arrival order, and one
+that missed it waits behind the rest until it has waited ``ANCHORAGE_ADMISSION_LATE_AFTER``
+(4) times the target (``AdmissionParams``). With ``ANCHORAGE_TIERING=spatial`` a request's arrival is
 moved earlier by 1 s x its agent's criticality (``node_agent.tiering.admission_arrival``:
 a critical agent overtakes requests up to 1 s older). Then vLLM's own ``schedule()`` runs
 unchanged: it takes waiting requests from the head as budget allows, so this changes the
@@ -48,6 +52,10 @@ log = logging.getLogger("anchorage.node_agent")
 ENV_SCHEDULER = "ANCHORAGE_SCHEDULER"
 ENV_AGING = "ANCHORAGE_ADMISSION_AGING_S"
 ENV_WINDOW = "ANCHORAGE_ADMISSION_WINDOW"
+ENV_TTFT = "ANCHORAGE_ADMISSION_TTFT_TARGET_S"
+ENV_URGENT = "ANCHORAGE_ADMISSION_URGENT_FRAC"
+ENV_LATE = "ANCHORAGE_ADMISSION_LATE_AFTER"
+DEFAULT_TTFT_TARGET_S = 2.0
 PREFIX_AWARE = "prefix-aware"
 STOCK = ("", "off", "none", "stock", "fcfs")
 SYNC_PATH = f"{__name__}.PrefixAwareScheduler"
@@ -82,6 +90,30 @@ def _env_float(name: str, default: float, positive: bool = True) -> float:
         _warn_once(name, "anchorage: %s=%r is not a positive number; using %g", name, raw,
                    default)
         return default
+
+
+def admission_params() -> Any:
+    """``AdmissionParams`` from the environment (module docstring); a value that is not
+    valid: one warning naming it, and the defaults."""
+    from anchorage.policies.admission import AdmissionParams
+
+    d = AdmissionParams(ttft_target_s=DEFAULT_TTFT_TARGET_S)
+    raw = os.environ.get(ENV_TTFT, "").strip().lower()
+    target: float | None = d.ttft_target_s
+    if raw in ("0", "off", "none"):
+        target = None
+    elif raw:
+        target = _env_float(ENV_TTFT, DEFAULT_TTFT_TARGET_S)
+    urgent = _env_float(ENV_URGENT, d.urgent_frac, positive=False)
+    late = _env_float(ENV_LATE, d.late_after)
+    kw = dict(aging_s_per_block=_env_float(ENV_AGING, d.aging_s_per_block),
+              ttft_target_s=target, urgent_frac=urgent, late_after=late)
+    try:
+        return AdmissionParams(**kw)
+    except ValueError as exc:
+        _warn_once(f"admission:{exc}", "anchorage: %s; using the default admission "
+                   "parameters", exc)
+        return d
 
 
 def unsupported_reason() -> str | None:
@@ -136,7 +168,8 @@ class PrefixAwareMixin:
         self.anchorage_enabled = False
         self.anchorage_errors = 0
         self.anchorage_reorders = 0  # steps whose admission order differed from FCFS
-        self.anchorage_aging_s = _env_float(ENV_AGING, 0.05)
+        self.anchorage_admission = admission_params()
+        self.anchorage_aging_s = self.anchorage_admission.aging_s_per_block
         self.anchorage_window = int(_env_float(ENV_WINDOW, 128))
         self._anchorage_hits: dict[str, int] = {}
         reason = self._anchorage_unsupported()
@@ -156,8 +189,10 @@ class PrefixAwareMixin:
         self._anchorage_arrival = admission_arrival(pool) or _arrival_time
         vc.set_waiting_demand_source(pool, self._anchorage_waiting_demand)  # node_agent/temporal
         self.anchorage_enabled = True
-        log.info("anchorage: prefix-aware admission (aging %g s per block, window %d)",
-                 self.anchorage_aging_s, self.anchorage_window)
+        log.info("anchorage: prefix-aware admission (aging %g s per block, window %d, "
+                 "TTFT target %s)", self.anchorage_aging_s, self.anchorage_window,
+                 "none" if self.anchorage_admission.ttft_target_s is None
+                 else f"{self.anchorage_admission.ttft_target_s:g} s")
 
     def _anchorage_unsupported(self) -> str | None:
         return vc.prefix_aware_unsupported(self)
@@ -212,7 +247,7 @@ class PrefixAwareMixin:
             self._anchorage_lookup = vc.cached_lookup(pool)
         order = admission_order(fresh, self._anchorage_new_blocks,
                                 self._anchorage_arrival, time.time(),
-                                self.anchorage_aging_s)
+                                params=self.anchorage_admission)
         if any(a is not b for a, b in zip(order, fresh)):
             self.anchorage_reorders += 1
         new = head + order + rest

@@ -16,7 +16,10 @@ for the whole workload, same compute), ``infinite-host`` (host DRAM without boun
 ``free-tiers`` (host DRAM without bound behind a link without cost: every eviction from
 HBM reloaded at once, for free).
 ``router_params`` may hold the string ``"$block_size"``, replaced by the profile's block
-size when the stack runs (the routers that count in blocks).
+size when the stack runs (the routers that count in blocks); ``admission_params``
+(``anchorage.policies.admission.AdmissionParams`` fields, prefix-aware admission only) the
+string ``"$slo"``, replaced by the setting's TTFT target (what a deployment configures as
+its target).
 
 Registry: every module of ``anchorage.fleet.stacks`` may define ``STACKS = {name: spec}``;
 ``stack_names(role=None)`` lists them in module order, ``get_stack(name)`` returns one (a
@@ -44,6 +47,7 @@ class StackSpec:
     policy: str = "lru"
     policy_params: dict = field(default_factory=dict)
     admission: str = "fcfs"
+    admission_params: dict = field(default_factory=dict)   # "$slo": the setting's SLO
     tiering: str = "off"
     gate: dict = field(default_factory=dict)
     tiering_params: dict = field(default_factory=dict)
@@ -74,6 +78,22 @@ class StackSpec:
                                  f"known: {', '.join(known)}")
         if not self.source:
             raise ValueError(f"stack {self.name!r}: a stack names its source")
+        try:
+            self.admission_kwargs(1.0)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"stack {self.name!r}: {exc}") from None
+        if self.admission_params and self.admission != "prefix-aware":
+            raise ValueError(f"stack {self.name!r}: admission_params need prefix-aware "
+                             f"admission, not {self.admission!r}")
+
+    def admission_kwargs(self, slo_s: float) -> dict:
+        """``admission_params`` with ``"$slo"`` replaced by the setting's TTFT target
+        (validated: ``anchorage.policies.admission.AdmissionParams``)."""
+        from anchorage.policies.admission import AdmissionParams
+
+        d = {k: (slo_s if v == "$slo" else v) for k, v in self.admission_params.items()}
+        AdmissionParams.from_dict(d)
+        return d
 
     def router_kwargs(self, block_size: int) -> dict:
         return {k: (block_size if v == "$block_size" else v)

@@ -41,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from anchorage.policies.admission import AdmissionParams
 from anchorage.policies.base import EvictionPolicy, RequestContext
 from anchorage.policies.registry import make_policy
 from anchorage.pool.block_pool import BlockPool
@@ -69,6 +70,7 @@ class TimedConfig:
     max_sessions: int | None = None     # closed loop: concurrent session slots
     warmup_frac: float = 0.0            # with max_sessions: also skip this part of the window
     admission: str = "fcfs"             # replica admission order: "fcfs" | "prefix-aware"
+    admission_params: dict | None = None  # prefix-aware: anchorage.policies.admission
     decode_spans: bool = True           # simulate pure-decode steps as spans (sim.span)
     program_gate: str = "none"          # "none" | "thunderagent" (anchorage.sim.programs)
     program_gate_params: dict | None = None
@@ -91,6 +93,7 @@ class TimedConfig:
         if self.admission not in ADMISSIONS:
             raise ValueError(f"admission must be one of {', '.join(ADMISSIONS)}, "
                              f"got {self.admission!r}")
+        self.admission_order_params = AdmissionParams.from_dict(self.admission_params or {})
         if self.program_gate not in PROGRAM_GATES:
             raise ValueError(f"program_gate must be one of {', '.join(PROGRAM_GATES)}, "
                              f"got {self.program_gate!r}")
@@ -166,11 +169,13 @@ class ClusterSim:
         if pooled:
             shared = pool_cls(cap * cfg.replicas, bs, policy_factory())
             self.pools = [shared]
-            self.replicas = [Replica(i, cfg.profile, shared, admission=cfg.admission)
+            self.replicas = [Replica(i, cfg.profile, shared, admission=cfg.admission,
+                                     admission_params=cfg.admission_order_params)
                              for i in range(cfg.replicas)]
         else:
             self.pools = [pool_cls(cap, bs, policy_factory()) for _ in range(cfg.replicas)]
-            self.replicas = [Replica(i, cfg.profile, p, admission=cfg.admission)
+            self.replicas = [Replica(i, cfg.profile, p, admission=cfg.admission,
+                                     admission_params=cfg.admission_order_params)
                              for i, p in enumerate(self.pools)]
         if not pooled and cfg.decode_spans:
             for rep in self.replicas:

@@ -20,9 +20,10 @@ and ``waiting`` (FCFS). Each engine step is planned by ``plan_step(now)``:
    head-of-line skipping, as in vLLM).
    With ``admission = "prefix-aware"`` the waiting queue is first put in
    ``anchorage.policies.admission.admission_order`` (fewest new blocks first, aged by
-   waiting time; the order ``ANCHORAGE_SCHEDULER=prefix-aware`` gives vLLM), with
-   preempted requests kept ahead of the rest in their order; it is re-sorted when a
-   request arrived or blocks were released since the last sort. Default ``"fcfs"``.
+   waiting time, with the TTFT target of ``admission_params``; the order
+   ``ANCHORAGE_SCHEDULER=prefix-aware`` gives vLLM), with preempted requests kept ahead of
+   the rest in their order; it is re-sorted when a request arrived or blocks were released
+   since the last sort, or a waiting request changed class. Default ``"fcfs"``.
 
 A request is announced to the pool's policy when it is queued (``on_queued``, at its
 arrival time), before admission touches anything.
@@ -51,10 +52,12 @@ Without ``tiering`` the replica behaves exactly as before.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from anchorage.policies.admission import AdmissionParams
 from anchorage.policies.base import RequestContext
 from anchorage.pool.block_pool import Allocation, BlockPool
 from anchorage.sim import queues, span
@@ -152,12 +155,15 @@ class Replica:
     """A replica's scheduler over a pool (the pool may be shared: the ``pooled`` mode)."""
 
     def __init__(self, index: int, profile: HardwareProfile, pool: BlockPool,
-                 cost: Callable[..., float] = step_time_s, admission: str = "fcfs"):
+                 cost: Callable[..., float] = step_time_s, admission: str = "fcfs",
+                 admission_params: AdmissionParams | None = None):
         if admission not in ADMISSIONS:
             raise ValueError(f"admission must be one of {', '.join(ADMISSIONS)}, "
                              f"got {admission!r}")
         self.admission = admission
+        self.admission_params = admission_params or AdmissionParams()
         self._sorted_at: tuple[int, int] | None = None  # (arrivals, free epoch) of last sort
+        self._resort_at = math.inf   # when a waiting request next changes class (queues)
         self._arrivals = 0
         self.index = index
         self.profile = profile

@@ -39,11 +39,26 @@ def test_anchorage_ablations_change_exactly_one_component():
     full = get_stack("anchorage")
     assert (full.router, full.policy, full.admission, full.tiering) == (
         "agent", "hybrid", "prefix-aware", "store-all")
-    fields = ("router", "policy", "admission", "tiering", "program_gate")
+    assert full.admission_kwargs(2.0) == {"ttft_target_s": 2.0}   # the setting's SLO
+    # the ablations change one component of the stack without the target
+    base = get_stack("anchorage-no-target")
+    assert [f for f in ("router", "policy", "admission", "tiering", "program_gate",
+                        "admission_params") if getattr(base, f) != getattr(full, f)] == [
+        "admission_params"]
+    fields = ("router", "policy", "admission", "tiering", "program_gate", "admission_params")
     for n in stack_names("ablation"):
+        if n == base.name:
+            continue
         a = get_stack(n)
-        changed = [f for f in fields if getattr(a, f) != getattr(full, f)]
+        changed = [f for f in fields if getattr(a, f) != getattr(base, f)]
         assert len(changed) == 1, (n, changed)
+    for n in ("limit-host", "limit-tiers"):      # the full stack, target included
+        assert get_stack(n).admission_params == full.admission_params
+    with pytest.raises(ValueError, match="unknown admission parameter"):
+        StackSpec(name="x", peer="x", source="x", admission="prefix-aware",
+                  admission_params={"target": "$slo"})
+    with pytest.raises(ValueError, match="need prefix-aware"):
+        StackSpec(name="x", peer="x", source="x", admission_params={"ttft_target_s": 1.0})
     assert get_stack("limit-hbm").limit == "infinite-device"
     assert get_stack("limit-host").limit == "infinite-host"
 

@@ -4,12 +4,14 @@ and the scheduler adapter's reordering of vLLM's waiting queue (fake requests)."
 from __future__ import annotations
 
 import logging
+import math
 import random
 from types import SimpleNamespace
 
 import pytest
 
-from anchorage.policies.admission import admission_order, overtake_window_s
+from anchorage.policies.admission import (AdmissionParams, admission_order, next_change_s,
+                                         overtake_window_s)
 
 
 def order(reqs, now, aging=0.05):
@@ -66,6 +68,79 @@ def test_no_starvation_under_a_stream_of_cheap_requests():
     assert run_queue(aging=1e9) is None
 
 
+def test_with_a_ttft_target_urgent_first_in_arrival_order_late_last():
+    """Waited ``urgent_frac * D`` or more (and less than D): urgent, before every other
+    request, FCFS, whatever their new blocks; past D: late, after the on-time ones, until
+    ``late_after * D``, when they are urgent again; the rest keep the prefix-aware order."""
+    reqs = [("lost", 95, -9.0), ("late", 5, -0.5), ("cold-old", 90, 0.0),
+            ("cold-mid", 80, 0.4), ("warm", 1, 1.5), ("cold-new", 70, 1.6),
+            ("warm-new", 2, 1.7)]
+
+    def ordered(now, **kw):
+        p = AdmissionParams(**{"ttft_target_s": 2.0, **kw})
+        return [r[0] for r in admission_order(reqs, lambda r: r[1], lambda r: r[2], now,
+                                              params=p)]
+
+    # late (waited 2.3 s) and lost (waited 10.8 s >= 4 x 2 s): FCFS among the urgent
+    assert ordered(1.8) == ["lost", "cold-old", "cold-mid", "warm", "warm-new", "cold-new",
+                            "late"]
+    assert ordered(1.8, urgent_frac=0.75) == ["lost", "cold-old", "warm", "warm-new",
+                                              "cold-mid", "cold-new", "late"]
+    assert ordered(1.8, late_after=10.0)[-2:] == ["lost", "late"]   # both late: aged order
+    plain = [r[0] for r in admission_order(reqs, lambda r: r[1], lambda r: r[2], 1.8)]
+    assert ordered(1.8, ttft_target_s=None) == plain
+    for bad in (dict(ttft_target_s=0.0), dict(urgent_frac=1.5), dict(late_after=0.5),
+                dict(aging_s_per_block=0.0)):
+        with pytest.raises(ValueError):
+            AdmissionParams(**bad)
+    with pytest.raises(ValueError, match="unknown admission parameter.*ttft_target"):
+        AdmissionParams.from_dict({"ttft_target": 2.0})
+    assert AdmissionParams.from_dict({"ttft_target_s": 3.0}).ttft_target_s == 3.0
+
+
+def test_ttft_target_bound_no_later_arrival_passes_an_urgent_request():
+    rng = random.Random(11)
+    checked = 0
+    for _ in range(300):
+        p = AdmissionParams(ttft_target_s=rng.choice([0.5, 2.0, 5.0]),
+                            urgent_frac=rng.choice([0.25, 0.5, 1.0]),
+                            late_after=rng.choice([1.0, 2.0, 4.0]))
+        reqs = [(i, rng.randint(0, 60), rng.uniform(0.0, 30.0)) for i in range(25)]
+        now = 30.0 + rng.uniform(0.0, 2.0)
+        got = admission_order(reqs, lambda r: r[1], lambda r: r[2], now, params=p)
+        pos = {r[0]: k for k, r in enumerate(got)}
+        for r in reqs:
+            if p.klass(now - r[2]) != 0:
+                continue
+            for s in reqs:
+                if s[2] > r[2]:
+                    assert pos[r[0]] < pos[s[0]], (r, s, p)
+                    checked += 1
+    assert checked > 1000
+
+
+def test_the_order_changes_with_time_alone_only_when_a_request_changes_class():
+    p = AdmissionParams(ttft_target_s=2.0)
+    arrivals = [0.0, 0.7, 1.2]
+    assert next_change_s(arrivals, 1.2, p) == 1.7        # 0.7 turns urgent
+    assert next_change_s(arrivals, 1.7, p) == 2.0        # 0.0 turns late
+    assert next_change_s(arrivals, 8.0, p) == 8.7        # 0.0 urgent again; 0.7 next
+    assert next_change_s(arrivals, 10.0, p) == math.inf
+    assert next_change_s(arrivals, 0.5, AdmissionParams()) == math.inf
+    reqs = [(i, b, t) for i, (b, t) in enumerate(zip([50, 3, 1], arrivals))]
+
+    def at(now):
+        return [r[0] for r in admission_order(reqs, lambda r: r[1], lambda r: r[2], now,
+                                              params=p)]
+
+    changes = 0
+    for now in (1.2, 1.5, 1.7, 1.9, 2.0, 2.5, 2.7, 3.2, 5.0, 8.0, 8.6, 9.0, 9.5):
+        nxt = next_change_s(arrivals, now, p)
+        assert at(now) == at(min(nxt, 20.0) - 1e-9), (now, nxt)
+        changes += at(now) != at(min(nxt, 20.0) + 1e-9)
+    assert changes >= 3
+
+
 # -- the adapter over vLLM's queue (no engine) ----------------------------------------------
 
 
@@ -83,6 +158,7 @@ def sched(monkeypatch):
     s.anchorage_enabled = True
     s.anchorage_errors = s.anchorage_reorders = 0
     s.anchorage_aging_s, s.anchorage_window = 0.05, 4
+    s.anchorage_admission = AdmissionParams()     # no TTFT target (set by the tests that use one)
     s._anchorage_hits = {}
     s._anchorage_lookup = lambda k: 1 if k in cached else None
     s._anchorage_key = lambda h, g: h
@@ -226,3 +302,37 @@ def test_scheduler_cls_setting_follows_vllms_async_choice(monkeypatch, caplog):
     cfg = SchedulerConfig.default_factory()
     cfg.async_scheduling = False
     assert cfg.get_scheduler_cls() is Scheduler and cfg.scheduler_cls is None
+
+
+def test_the_ttft_target_reorders_vllms_queue(sched):
+    """With the engine's target, a cold request that has waited half of it goes before a
+    hot one that has not (clock 100 s); without, the hot one goes first."""
+    s, req = sched.s, sched.req
+    cold = req("cold", 40, t=98.9)         # waited 1.1 s
+    hot = req("hot", 40, t=99.8)           # waited 0.2 s
+    sched.cached.update(hot.block_hashes[:39])
+    s._anchorage_reorder()
+    assert [r.request_id for r in s.waiting] == ["hot", "cold"]
+    s.anchorage_admission = AdmissionParams(ttft_target_s=2.0)
+    s._anchorage_reorder()
+    assert [r.request_id for r in s.waiting] == ["cold", "hot"]
+
+
+def test_engine_admission_parameters_from_the_environment(monkeypatch, caplog):
+    from anchorage.node_agent import scheduler as sc
+
+    for k in (sc.ENV_TTFT, sc.ENV_URGENT, sc.ENV_LATE, sc.ENV_AGING):
+        monkeypatch.delenv(k, raising=False)
+    assert sc.admission_params() == AdmissionParams(ttft_target_s=2.0)
+    monkeypatch.setenv(sc.ENV_TTFT, "5")
+    monkeypatch.setenv(sc.ENV_URGENT, "0.25")
+    monkeypatch.setenv(sc.ENV_LATE, "3")
+    monkeypatch.setenv(sc.ENV_AGING, "0.01")
+    assert sc.admission_params() == AdmissionParams(0.01, 5.0, 0.25, 3.0)
+    monkeypatch.setenv(sc.ENV_TTFT, "off")
+    assert sc.admission_params().ttft_target_s is None
+    monkeypatch.setenv(sc.ENV_TTFT, "5")
+    monkeypatch.setenv(sc.ENV_URGENT, "1.5")              # outside [0, 1]
+    with caplog.at_level(logging.WARNING, logger="anchorage.node_agent"):
+        assert sc.admission_params() == AdmissionParams(ttft_target_s=2.0)
+    assert "urgent_frac must be within [0, 1]" in caplog.text

@@ -77,3 +77,23 @@ def test_prefix_aware_admits_cached_prefixes_first_stock_keeps_fcfs(pa_engine, e
 
     stock, _ = admission_order(engine.llm, SamplingParams, TokensPrompt, BLOCK_SIZE)
     assert stock == ["u0", "c1", "u2", "c3", "u4", "c5", "u6", "c7"]
+
+
+def test_the_engines_ttft_target_puts_waiting_requests_first_in_arrival_order(pa_engine):
+    """The engine's scheduler reads its TTFT target from the environment (default 2 s);
+    with ``urgent_frac = 0`` every queued request is urgent from its arrival until it has
+    waited the target (60 s here), so the engine admits in arrival order."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from anchorage.policies.admission import AdmissionParams
+
+    sched = engine_scheduler(pa_engine)
+    assert sched.anchorage_admission == AdmissionParams(ttft_target_s=2.0)
+    try:
+        sched.anchorage_admission = AdmissionParams(ttft_target_s=60.0, urgent_frac=0.0)
+        order, _ = admission_order(pa_engine, SamplingParams, TokensPrompt, BLOCK_SIZE)
+    finally:
+        sched.anchorage_admission = AdmissionParams(ttft_target_s=2.0)
+    assert order == ["u0", "c1", "u2", "c3", "u4", "c5", "u6", "c7"]
+    assert sched.anchorage_errors == 0

@@ -318,6 +318,45 @@ def test_prefix_aware_admission_admits_fewest_new_blocks_first():
         TimedConfig(prof, admission="sjf")
 
 
+def test_a_ttft_target_puts_a_request_near_it_first():
+    """The replica's ``admission_params``: the cold request arrived first and has waited
+    past half the target when the seat frees, so it goes before the hot one; without a
+    target (above) the hot one goes first. Each sort re-runs when a request changes class
+    even though nothing arrived or was released."""
+    from anchorage.policies.admission import AdmissionParams
+
+    def first_admitted(params):
+        prof = tiny_profile(capacity=64, max_num_seqs=1, max_num_batched_tokens=4096)
+        pool = BlockPool(64, BS, LRUPolicy())
+        rep = Replica(0, prof, pool, admission="prefix-aware", admission_params=params)
+        warm = RequestContext(request_id="w", keys=list(range(20)), input_length=20 * BS)
+        pool.free(pool.allocate(warm))
+        busy = SimRequest(RequestContext(request_id="b", keys=[900], input_length=BS,
+                                         output_length=3), 0.0)
+        rep.enqueue(busy)
+        rep.finish_step(rep.plan_step(0.0))
+        cold = SimRequest(RequestContext(request_id="c", keys=list(range(100, 110)),
+                                         input_length=10 * BS), 0.1)
+        hot = SimRequest(RequestContext(request_id="h", keys=list(range(21)),
+                                        input_length=21 * BS), 0.2)
+        rep.enqueue(cold)
+        rep.enqueue(hot)
+        t = 0.3
+        while busy.finish_s is None:
+            rep.finish_step(rep.plan_step(t))
+            t += 0.1
+        return rep.plan_step(t).items[0][0].ctx.request_id, t
+
+    assert first_admitted(None)[0] == "h"
+    rid, t = first_admitted(AdmissionParams(ttft_target_s=0.7))   # urgent after 0.35 s
+    assert rid == "c" and 0.35 <= t - 0.1 < 0.7 and t - 0.2 < 0.35, t
+    # past the target both are late; hot's fewer new blocks put it first again
+    assert first_admitted(AdmissionParams(ttft_target_s=0.05, late_after=100))[0] == "h"
+    with pytest.raises(ValueError, match="unknown admission parameter"):
+        TimedConfig(tiny_profile(capacity=64), admission="prefix-aware",
+                    admission_params={"slo": 1})
+
+
 def test_prefix_aware_admission_drains_and_is_deterministic():
     recs = session_trace(seed=3, sessions=8, turns=4)
     cfg = TimedConfig(tiny_profile(capacity=48), replicas=2, mode="closed",

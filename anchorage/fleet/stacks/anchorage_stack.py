@@ -2,7 +2,8 @@
 switched to the strongest peer's choice for that component.
 
 Components (Anchorage's defaults): routing ``agent`` (``anchorage.routing.agent``), GPU
-eviction ``hybrid``, admission ``prefix-aware`` (``anchorage.policies.admission``), host
+eviction ``hybrid``, admission ``prefix-aware`` with the deployment's TTFT target (the setting's SLO:
+urgent requests first, late ones last; ``anchorage.policies.admission``), host
 tier ``store-all`` (every turn's new blocks stored in host memory, reloaded at admission:
 what the engine's offloading connector does, and what the peers do). The gated tier
 ``tokencake`` (the temporal gate, demotion and warm-up of ``anchorage.tiering``, plus the
@@ -25,6 +26,9 @@ Variants of the gated tier: ``anchorage-tokencake`` (``tokencake``), and its abl
 of programs by KV capacity, ``anchorage.sim.programs``) above Anchorage's engine policies;
 the gate places programs itself, so Anchorage's router is not used. The router has no
 program gate yet: this row measures what one would add, it is not a deployable stack.
+``anchorage-no-target``: prefix-aware admission without the TTFT target (CacheWise's order,
+Anchorage's default before the target); the ablations and the other variants change one
+component of it.
 
 Prefetch (CacheScout's between-step warm-up) is not part of the simulator, so it has no
 ablation here.
@@ -39,19 +43,24 @@ FULL = StackSpec(
     source="anchorage/routing/agent.py, policies/hybrid.py, policies/admission.py, "
            "tiering/replica.py (store-all)",
     role="anchorage", router="agent", policy="hybrid", admission="prefix-aware",
-    tiering="store-all")
+    admission_params={"ttft_target_s": "$slo"}, tiering="store-all")
 
+# The ablations and variants change one component of ``anchorage-no-target`` (the full
+# stack without the TTFT target), the stack they were measured against; ``anchorage``
+# against ``anchorage-no-target`` measures the target.
+NO_TARGET = dict(admission_params={})
 ABLATIONS = {
-    "routing": dict(router="llm_d"),
-    "eviction": dict(policy="lru"),
-    "admission": dict(admission="fcfs"),
-    "host": dict(tiering="off"),
+    "routing": dict(router="llm_d", **NO_TARGET),
+    "eviction": dict(policy="lru", **NO_TARGET),
+    "admission": dict(admission="fcfs", **NO_TARGET),
+    "host": dict(tiering="off", **NO_TARGET),
 }
 VARIANTS = {
-    "tokencake": dict(tiering="tokencake"),
-    "tokencake-gate": dict(tiering="naive-incremental"),
-    "tokencake-spatial": dict(tiering="temporal"),
-    "thunderagent": dict(program_gate="thunderagent"),
+    "no-target": NO_TARGET,
+    "tokencake": dict(tiering="tokencake", **NO_TARGET),
+    "tokencake-gate": dict(tiering="naive-incremental", **NO_TARGET),
+    "tokencake-spatial": dict(tiering="temporal", **NO_TARGET),
+    "thunderagent": dict(program_gate="thunderagent", **NO_TARGET),
 }
 
 AS = {"routing": "llm-d's scheduler", "eviction": "vLLM's LRU", "admission": "FCFS",
