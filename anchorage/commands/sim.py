@@ -87,6 +87,9 @@ def register(sub) -> None:
     t.add_argument("--admission", choices=["fcfs", "prefix-aware"], default="fcfs",
                    help="replica admission order: fcfs (vLLM's default) or prefix-aware "
                         "(fewest new blocks first, aged; ANCHORAGE_SCHEDULER=prefix-aware)")
+    t.add_argument("--admission-ttft-target", type=float, default=2.0, metavar="S",
+                   help="prefix-aware admission's TTFT target in seconds (default 2, as "
+                        "the engine's ANCHORAGE_ADMISSION_TTFT_TARGET_S; 0: none)")
     tt = p.add_argument_group("host-memory tier (timed mode)")
     tt.add_argument("--tiering", choices=["off", "naive", "naive-incremental", "temporal", "tokencake"],
                     default="off",
@@ -252,6 +255,7 @@ def run_timed_mode(args, records, contexts, bs, capacity, names, params, unique,
         "calibration": args.calibration or (args.profile if profile.measured else None),
         "arrivals": args.arrivals,
         "admission": args.admission,
+        "admission_ttft_target_s": (_admission_params(args) or {}).get("ttft_target_s"),
         "tiering": args.tiering,
         "replicas": args.replicas, "router": args.router, "block_size": bs,
         "capacity_blocks": cfg.capacity, "requests": len(records), "unique_blocks": unique,
@@ -298,7 +302,8 @@ def _timed_setup(args, contexts, records, bs, capacity, names):
         cfg = TimedConfig(profile, replicas=args.replicas, mode=args.arrivals,
                           time_scale=args.time_scale, think_s=args.think_s,
                           warmup_s=args.warmup_s, capacity_blocks=capacity,
-                          max_sessions=args.max_sessions, admission=args.admission)
+                          max_sessions=args.max_sessions, admission=args.admission,
+                          admission_params=_admission_params(args))
     except ValueError as exc:
         raise CLIError(str(exc)) from None
     if args.arrivals == "closed":
@@ -423,3 +428,14 @@ def format_timed_table(results: list[dict]) -> str:
             f"{f(r['throughput_rps'], '>9.2f')}{r['recomputed_tokens']:>12}"
             f"{r['evictions']:>9}{r['preemptions']:>8}")
     return "\n".join(lines)
+
+
+def _admission_params(args) -> dict | None:
+    """The timed simulator's prefix-aware admission parameters from the flags."""
+    from anchorage.cli import CLIError
+
+    if args.admission != "prefix-aware" or not args.admission_ttft_target:
+        return None
+    if args.admission_ttft_target < 0:
+        raise CLIError(f"--admission-ttft-target must be >= 0, got {args.admission_ttft_target}")
+    return {"ttft_target_s": args.admission_ttft_target}

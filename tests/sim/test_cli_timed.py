@@ -95,7 +95,19 @@ def test_timed_prefix_aware_admission(trace):
     rc, out = run_cli(*base, "--admission", "prefix-aware")
     d = json.loads(out)
     assert rc == 0 and d["admission"] == "prefix-aware"
+    assert d["admission_ttft_target_s"] == 2.0          # the engine's default
     assert d["results"][0]["requests"] == d["requests"]
+    _, out = run_cli(*base, "--admission", "prefix-aware", "--admission-ttft-target", "0")
+    assert json.loads(out)["admission_ttft_target_s"] is None
+    # the flag reaches the replicas: with every request arriving at once (open loop, time
+    # compressed) a 1 ms target admits in arrival order, not by cached prefix
+    flood = ["--admission", "prefix-aware", "--arrivals", "open", "--time-scale", "0.001"]
+    _, tight = run_cli(*base, *flood, "--admission-ttft-target", "0.001")
+    _, none = run_cli(*base, *flood, "--admission-ttft-target", "0")
+    tight, none = json.loads(tight)["results"][0], json.loads(none)["results"][0]
+    assert tight["hit_rate"] < none["hit_rate"] and tight["ttft_mean_s"] > none["ttft_mean_s"]
+    with pytest.raises(CLIError, match="admission-ttft-target"):
+        run_cli(*base, "--admission", "prefix-aware", "--admission-ttft-target", "-1")
 
 
 def test_offline_policy_in_closed_loop_is_flagged_as_a_reference(trace, capsys):
