@@ -286,10 +286,13 @@ def test_steady_state_window_applies_to_every_metric():
     assert out["ttft_mean_s"] == pytest.approx(ttft)
 
 
-def test_prefix_aware_admission_admits_fewest_new_blocks_first():
+def cold_then_hot(params=None):
+    """One seat, held by a busy request; a cold request (10 new blocks) queues at 0.1 s,
+    a hot one (1 new block: 20 of its 21 cached) at 0.2 s. Returns the replica, the plan
+    of the step when the seat frees, the two requests and that step's time."""
     prof = tiny_profile(capacity=64, max_num_seqs=1, max_num_batched_tokens=4096)
     pool = BlockPool(64, BS, LRUPolicy())
-    rep = Replica(0, prof, pool, admission="prefix-aware")
+    rep = Replica(0, prof, pool, admission="prefix-aware", admission_params=params)
     warm = RequestContext(request_id="w", keys=list(range(20)), input_length=20 * BS)
     pool.free(pool.allocate(warm))  # 20 cached blocks
     busy = SimRequest(RequestContext(request_id="b", keys=[900], input_length=BS,
@@ -306,14 +309,19 @@ def test_prefix_aware_admission_admits_fewest_new_blocks_first():
     while busy.finish_s is None:
         rep.finish_step(rep.plan_step(t))
         t += 0.1
-    plan = rep.plan_step(t)
+    return rep, rep.plan_step(t), cold, hot, t
+
+
+def test_prefix_aware_admission_admits_fewest_new_blocks_first():
+    rep, plan, cold, hot, _ = cold_then_hot()
     # hot needs 1 new block, cold 10: hot first though it arrived later
     assert plan.items[0][0] is hot
     assert list(rep.waiting) == [cold]
+    prof = rep.profile
     fcfs = Replica(1, prof, BlockPool(64, BS, LRUPolicy()))
     assert fcfs.admission == "fcfs"
     with pytest.raises(ValueError, match="admission"):
-        Replica(2, prof, pool, admission="sjf")
+        Replica(2, prof, rep.pool, admission="sjf")
     with pytest.raises(ValueError, match="admission"):
         TimedConfig(prof, admission="sjf")
 
@@ -321,31 +329,12 @@ def test_prefix_aware_admission_admits_fewest_new_blocks_first():
 def test_a_ttft_target_puts_a_request_near_it_first():
     """The replica's ``admission_params``: the cold request arrived first and has waited
     past half the target when the seat frees, so it goes before the hot one; without a
-    target (above) the hot one goes first. Each sort re-runs when a request changes class
-    even though nothing arrived or was released."""
+    target (above) the hot one goes first."""
     from anchorage.policies.admission import AdmissionParams
 
     def first_admitted(params):
-        prof = tiny_profile(capacity=64, max_num_seqs=1, max_num_batched_tokens=4096)
-        pool = BlockPool(64, BS, LRUPolicy())
-        rep = Replica(0, prof, pool, admission="prefix-aware", admission_params=params)
-        warm = RequestContext(request_id="w", keys=list(range(20)), input_length=20 * BS)
-        pool.free(pool.allocate(warm))
-        busy = SimRequest(RequestContext(request_id="b", keys=[900], input_length=BS,
-                                         output_length=3), 0.0)
-        rep.enqueue(busy)
-        rep.finish_step(rep.plan_step(0.0))
-        cold = SimRequest(RequestContext(request_id="c", keys=list(range(100, 110)),
-                                         input_length=10 * BS), 0.1)
-        hot = SimRequest(RequestContext(request_id="h", keys=list(range(21)),
-                                        input_length=21 * BS), 0.2)
-        rep.enqueue(cold)
-        rep.enqueue(hot)
-        t = 0.3
-        while busy.finish_s is None:
-            rep.finish_step(rep.plan_step(t))
-            t += 0.1
-        return rep.plan_step(t).items[0][0].ctx.request_id, t
+        _, plan, _, _, t = cold_then_hot(params)
+        return plan.items[0][0].ctx.request_id, t
 
     assert first_admitted(None)[0] == "h"
     rid, t = first_admitted(AdmissionParams(ttft_target_s=0.7))   # urgent after 0.35 s
