@@ -16,8 +16,8 @@ aging bound is stated there), with the deployment's TTFT target
 ``ANCHORAGE_ADMISSION_TTFT_TARGET_S`` (default 2; ``0`` or ``off``: none): a request that has
 waited ``ANCHORAGE_ADMISSION_URGENT_FRAC`` (0.5) of it goes first, in arrival order, and one
 that missed it waits behind the rest until it has waited ``ANCHORAGE_ADMISSION_LATE_AFTER``
-(4) times the target (``AdmissionParams``). With ``ANCHORAGE_TIERING=spatial`` a request's arrival is
-moved earlier by 1 s x its agent's criticality (``node_agent.tiering.admission_arrival``:
+(4) times the target (``AdmissionParams``). With ``ANCHORAGE_TIERING=spatial`` a request's
+arrival is moved earlier by 1 s x its agent's criticality (``node_agent.tiering.admission_arrival``:
 a critical agent overtakes requests up to 1 s older). Then vLLM's own ``schedule()`` runs
 unchanged: it takes waiting requests from the head as budget allows, so this changes the
 admission order and nothing else. Requests that stock vLLM must resume first (preempted,

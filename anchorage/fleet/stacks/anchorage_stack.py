@@ -2,9 +2,9 @@
 switched to the strongest peer's choice for that component.
 
 Components (Anchorage's defaults): routing ``agent`` (``anchorage.routing.agent``), GPU
-eviction ``hybrid``, admission ``prefix-aware`` with the deployment's TTFT target (the setting's SLO:
-urgent requests first, late ones last; ``anchorage.policies.admission``), host
-tier ``store-all`` (every turn's new blocks stored in host memory, reloaded at admission:
+eviction ``hybrid``, admission ``prefix-aware`` with the deployment's TTFT target (the
+setting's SLO: urgent requests first, late ones last; ``anchorage.policies.admission``),
+host tier ``store-all`` (every turn's new blocks stored in host memory, reloaded at admission:
 what the engine's offloading connector does, and what the peers do). The gated tier
 ``tokencake`` (the temporal gate, demotion and warm-up of ``anchorage.tiering``, plus the
 spatial reservation) was the default until the ablations at WEKA's knee measured it below
