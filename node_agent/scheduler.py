@@ -169,7 +169,6 @@ class PrefixAwareMixin:
         self.anchorage_errors = 0
         self.anchorage_reorders = 0  # steps whose admission order differed from FCFS
         self.anchorage_admission = admission_params()
-        self.anchorage_aging_s = self.anchorage_admission.aging_s_per_block
         self.anchorage_window = int(_env_float(ENV_WINDOW, 128))
         self._anchorage_hits: dict[str, int] = {}
         reason = self._anchorage_unsupported()
@@ -189,10 +188,10 @@ class PrefixAwareMixin:
         self._anchorage_arrival = admission_arrival(pool) or _arrival_time
         vc.set_waiting_demand_source(pool, self._anchorage_waiting_demand)  # node_agent/temporal
         self.anchorage_enabled = True
+        adm = self.anchorage_admission
         log.info("anchorage: prefix-aware admission (aging %g s per block, window %d, "
-                 "TTFT target %s)", self.anchorage_aging_s, self.anchorage_window,
-                 "none" if self.anchorage_admission.ttft_target_s is None
-                 else f"{self.anchorage_admission.ttft_target_s:g} s")
+                 "TTFT target %s)", adm.aging_s_per_block, self.anchorage_window,
+                 "none" if adm.ttft_target_s is None else f"{adm.ttft_target_s:g} s")
 
     def _anchorage_unsupported(self) -> str | None:
         return vc.prefix_aware_unsupported(self)

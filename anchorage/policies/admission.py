@@ -128,6 +128,8 @@ def next_change_s(arrivals: Iterable[float], now_s: float, params: AdmissionPara
     ``arrivals`` changes class (``inf``: never, or no target): until then the order of
     ``admission_order`` changes only when requests arrive or the cache changes."""
     ths = params.thresholds_s()
+    if not ths:                           # no target: time alone never changes the order
+        return math.inf
     nxt = math.inf
     for t in arrivals:
         for th in ths:                    # ascending: the first one ahead is this one's next

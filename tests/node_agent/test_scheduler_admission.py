@@ -157,7 +157,7 @@ def sched(monkeypatch):
     s = PrefixAwareMixin.__new__(PrefixAwareMixin)
     s.anchorage_enabled = True
     s.anchorage_errors = s.anchorage_reorders = 0
-    s.anchorage_aging_s, s.anchorage_window = 0.05, 4
+    s.anchorage_window = 4
     s.anchorage_admission = AdmissionParams()     # no TTFT target (set by the tests that use one)
     s._anchorage_hits = {}
     s._anchorage_lookup = lambda k: 1 if k in cached else None
