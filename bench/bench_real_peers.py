@@ -19,7 +19,8 @@ tokens, TTFT p50/p90, turns/s. The verdict compares anchorage with smg in *each*
 Usage (root with unshare: each demo runs in a private network namespace)::
 
     .venv/bin/python -m bench.bench_real_peers [--repeats 3] [--out bench/results/real_peers.json]
-        [demo flags, e.g. --sessions 40 --concurrency 8]
+        [demo flags, e.g. --sessions 40 --concurrency 8; --scheduler prefix-aware and
+         --host-tier-mb N change Anchorage's engines only]
 
 Needs the SGLang gateway (`scripts/setup.d/50-bench-router.sh` installs it in .venv-smg).
 """

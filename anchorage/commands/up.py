@@ -45,6 +45,13 @@ def add_stack_args(p, *, with_policy: bool = True) -> None:
                    help="KV cache blocks per tiny engine (small: eviction matters; default 512)")
     p.add_argument("--block-size", type=int, default=32, help="KV block size in tokens (default 32)")
     p.add_argument("--no-warmup", action="store_true", help="node agents issue no warm-ups")
+    p.add_argument("--scheduler", choices=["fcfs", "prefix-aware"], default="fcfs",
+                   help="Anchorage engines' admission order (ANCHORAGE_SCHEDULER; the chart's "
+                        "scheduler): fcfs (vLLM's) or prefix-aware (with the TTFT target; "
+                        "default: fcfs). Stock engines (policy off) keep vLLM's")
+    p.add_argument("--host-tier-mb", type=int, default=0, metavar="MIB",
+                   help="Anchorage engines' host-memory KV tier, MiB per engine (the chart's "
+                        "hostTier: Anchorage's connector and policy); 0: none (default)")
     p.add_argument("--gpu", action="store_true",
                    help="engines are the GPU build (no eager/CPU-only flags)")
     p.add_argument("--workdir", default=None,
@@ -76,6 +83,8 @@ def stack_config(args, policy: str | None = None, router: str | None = None):
                       prometheus=args.prometheus, base_port=args.base_port,
                       workdir=args.workdir, kv_blocks=args.kv_blocks, block_size=args.block_size,
                       warmup=not args.no_warmup, cpu=not args.gpu,
+                      scheduler="" if args.scheduler == "fcfs" else args.scheduler,
+                      host_tier_mb=args.host_tier_mb,
                       engine_timeout_s=args.engine_timeout)
     try:
         return cfg.validate()

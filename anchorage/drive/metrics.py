@@ -1,4 +1,5 @@
-"""Scrape vLLM's own prefix-cache counters (``vllm:prefix_cache_{queries,hits}_total``) and
+"""Scrape vLLM's own prefix-cache counters (``vllm:prefix_cache_{queries,hits}_total``; the
+host tier's hits, through the KV connector, in ``vllm:external_prefix_cache_hits_total``) and
 prefill counters from each engine's ``/metrics``, before and after a run."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import urllib.request
 from anchorage.prometheus_text import samples, sums
 
 COUNTERS = {"vllm:prefix_cache_queries_total": "queries", "vllm:prefix_cache_hits_total": "hits",
+            "vllm:external_prefix_cache_hits_total": "external_hits",
             "vllm:prompt_tokens_total": "prompt_tokens"}
 
 

@@ -3,7 +3,9 @@
 ``summarize(results, wall_s, engine_delta)`` ->
 ``{"requests", "ok", "failed", "errors" (first 5), "hit_rate_usage" (sum cached_tokens / sum
 prompt_tokens from usage.prompt_tokens_details), "hit_rate_engines" (vLLM's own
-prefix_cache hits / queries over the run, warm-ups included; None without engine URLs),
+counters over the run, warm-ups included: (prefix_cache hits + external_prefix_cache hits,
+i.e. tokens from the device cache or a host tier) / prefix_cache queries; None without
+engine URLs),
 "prompt_tokens", "cached_tokens", "recomputed_prefill_tokens" (prompt - cached),
 "ttft_p50_s", "ttft_p90_s", "latency_p50_s", "turns_per_s" (successful requests / wall),
 "wall_s"}``. Percentiles are nearest-rank over successful requests."""
@@ -55,7 +57,8 @@ def summarize(results: list[Result], wall_s: float, engines: dict[str, float] | 
     return {
         "requests": len(results), "ok": len(ok), "failed": len(results) - len(ok), "errors": errs,
         "hit_rate_usage": cached / prompt if prompt else 0.0,
-        "hit_rate_engines": ((engines or {}).get("hits", 0.0) / q) if q else None,
+        "hit_rate_engines": (((engines or {}).get("hits", 0.0)
+                              + (engines or {}).get("external_hits", 0.0)) / q) if q else None,
         "prompt_tokens": prompt, "cached_tokens": cached,
         "recomputed_prefill_tokens": prompt - cached,
         "ttft_p50_s": _percentile(ttfts, 50), "ttft_p90_s": _percentile(ttfts, 90),

@@ -10,7 +10,11 @@ socket to 8.8.8.8 (``vllm.utils.network_utils.get_ip``), and its engine core and
 talk over that address.
 The engine runs through ``python -m anchorage.stack.vllm_server``, which registers the
 Anchorage plugin before vLLM starts; ``ANCHORAGE_POLICY`` picks the eviction policy (``off``:
-stock vLLM, nothing patched)."""
+stock vLLM, nothing patched). An Anchorage engine (policy not ``off``) may also get the
+prefix-aware scheduler (``scheduler``: ``ANCHORAGE_SCHEDULER``) and a host-memory KV tier
+(``host_tier_bytes``: ``--kv-transfer-config`` from
+``anchorage.node_agent.offload.config.transfer_config``, what the chart's ``hostTier``
+renders); a stock engine never does."""
 
 from __future__ import annotations
 
@@ -37,6 +41,8 @@ class EngineSpec:
     tokenizer: bool = False            # the model directory has a tokenizer (tiny "chat")
     cpu: bool = True                   # CPU build: eager mode, one OpenMP thread
     warmup: bool = True                # node-agent warm-ups
+    scheduler: str = ""                # ANCHORAGE_SCHEDULER ("" / fcfs: vLLM's order)
+    host_tier_bytes: int = 0           # host-memory KV tier (Anchorage's connector); 0: none
 
     @property
     def url(self) -> str:
@@ -80,11 +86,21 @@ def engine_command(spec: EngineSpec, base_env: dict[str, str]) -> tuple[list[str
                  "--max-model-len", str(spec.model_len())]
     elif spec.max_model_len:
         argv += ["--max-model-len", str(spec.max_model_len)]
+    anchorage_on = spec.policy != "off"
+    if spec.host_tier_bytes and anchorage_on:
+        # the chart's hostTier (backend and policy anchorage): every computed prompt block
+        # is copied to host memory and loaded back at admission instead of recomputed
+        from anchorage.node_agent.offload.config import transfer_config
+
+        argv += ["--kv-transfer-config", json.dumps(transfer_config(
+            spec.host_tier_bytes, anchorage={"state_dir": str(spec.state_dir)}))]
     env = {k: v for k, v in base_env.items() if not k.startswith("ANCHORAGE_")}
     env.update(ANCHORAGE_POLICY=spec.policy, ANCHORAGE_STATE_DIR=str(spec.state_dir),
                VLLM_NO_USAGE_STATS="1", VLLM_WORKER_MULTIPROC_METHOD="fork",
                VLLM_HOST_IP="127.0.0.1",
                HOME=str(spec.workdir / "home"))
+    if spec.scheduler and anchorage_on:
+        env["ANCHORAGE_SCHEDULER"] = spec.scheduler
     if spec.cpu:
         env.setdefault("OMP_NUM_THREADS", "1")
         # No engine is pinned to a core. vLLM's CPU worker pins its threads by default

@@ -33,6 +33,7 @@ from anchorage.stack.supervisor import StartError, Supervisor, describe_exit, ht
 from anchorage.stack.tiny_model import vocab_size, write_model
 
 POLICIES_OFF = ("off", "stock", "none")
+SCHEDULERS = ("", "prefix-aware")   # "": vLLM's FCFS
 # a health check's own timeout: a busy 2-core machine answers slowly, and a restarted piece
 # that is never seen ready in time is restarted again
 READY_TIMEOUT_S = 5.0
@@ -52,6 +53,8 @@ class StackConfig:
     kv_blocks: int = 512
     block_size: int = 32
     warmup: bool = True
+    scheduler: str = ""                # Anchorage engines' admission (ANCHORAGE_SCHEDULER)
+    host_tier_mb: int = 0              # Anchorage engines' host-memory KV tier, MiB; 0: none
     cpu: bool = True
     engine_timeout_s: float = 600.0
     router_timeout_s: float = 180.0
@@ -65,6 +68,11 @@ class StackConfig:
         if self.block_size % 16 or self.block_size <= 0:
             raise ValueError(f"--block-size must be a positive multiple of 16 (32 on CPU), "
                              f"got {self.block_size}")
+        if self.scheduler not in SCHEDULERS:
+            known = ", ".join(s or "fcfs" for s in SCHEDULERS)
+            raise ValueError(f"--scheduler must be one of {known}, got {self.scheduler!r}")
+        if self.host_tier_mb < 0:
+            raise ValueError(f"--host-tier-mb must be >= 0, got {self.host_tier_mb}")
         from anchorage.policies.registry import is_offline, policy_names
         if self.policy not in POLICIES_OFF:
             if self.policy not in policy_names(include_offline=True) or is_offline(self.policy):
@@ -177,7 +185,8 @@ class Stack:
                 index=i, port=ports.engines[i], sidecar_port=ports.sidecars[i], model=model,
                 workdir=wd, policy="off" if cfg.policy in POLICIES_OFF else cfg.policy,
                 block_size=cfg.block_size, kv_blocks=cfg.kv_blocks if dummy else 0,
-                dummy=dummy, tokenizer=chat, cpu=cfg.cpu, warmup=cfg.warmup))
+                dummy=dummy, tokenizer=chat, cpu=cfg.cpu, warmup=cfg.warmup,
+                scheduler=cfg.scheduler, host_tier_bytes=cfg.host_tier_mb << 20))
         tiny = ", tiny Llama with dummy weights" + (" and a tokenizer" if chat else "")
         say(f"starting {cfg.engines} vLLM engine(s) (policy {cfg.policy}"
             f"{tiny if dummy else ', model ' + model}) ...")

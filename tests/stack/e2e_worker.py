@@ -15,7 +15,13 @@ import time
 import urllib.request
 from pathlib import Path
 
-CONFIGS = [("stock", "off", "round_robin"), ("anchorage", "hybrid", "agent")]
+CONFIGS = [("stock", "off", "round_robin", ()), ("anchorage", "hybrid", "agent", ()),
+           # the engines as the fleet benchmark's Anchorage runs them: prefix-aware admission
+           # and a host-memory KV tier (the chart's scheduler and hostTier)
+           ("anchorage-full", "hybrid", "agent",
+            ("--scheduler", "prefix-aware", "--host-tier-mb", "16"))]
+# what vLLM itself logs at start: the scheduler class it built, the connector it loaded
+ENGINE_LOG_LINES = ("PrefixAwareScheduler", "AnchorageOffloadingConnector")
 
 
 def prometheus_targets_up(url: str) -> int:
@@ -25,7 +31,7 @@ def prometheus_targets_up(url: str) -> int:
     return sum(1 for s in data["data"]["result"] if s["value"][1] == "1")
 
 
-def one(name: str, policy: str, router: str, work: Path, wl, sessions_opts) -> dict:
+def one(name: str, policy: str, router: str, flags, work: Path, wl, sessions_opts) -> dict:
     from anchorage.drive.plan import PlanOptions
     from anchorage.drive.run import drive
     from anchorage.stack.supervisor import alive, descendants
@@ -34,7 +40,7 @@ def one(name: str, policy: str, router: str, work: Path, wl, sessions_opts) -> d
     log = open(work / f"{name}-up.log", "w")
     up = subprocess.Popen([sys.executable, "-m", "anchorage.cli", "up", "--policy", policy,
                            "--router", router, "--ready-file", str(ready),
-                           "--workdir", str(work / name)],
+                           "--workdir", str(work / name), *flags],
                           stdout=log, stderr=subprocess.STDOUT)
     out: dict = {"name": name}
     try:
@@ -54,6 +60,8 @@ def one(name: str, policy: str, router: str, work: Path, wl, sessions_opts) -> d
             time.sleep(3)  # one scrape interval
             out["prometheus_up"] = prometheus_targets_up(ep["prometheus"])
         out["expected_targets"] = 2 * len(ep["engines"]) + 1
+        logs = [p.read_text(errors="replace") for p in (work / name / "logs").glob("engine-*.log")]
+        out["engine_log_lines"] = {k: sum(k in t for t in logs) for k in ENGINE_LOG_LINES}
     finally:
         t0 = time.time()
         up.send_signal(signal.SIGINT)
@@ -79,8 +87,8 @@ def main(result_path: str, work: str) -> None:
     opts = {"block_size": 32, "vocab": 1024, "time_compression": 50.0}
     results = {"requests": len(wl.records), "runs": []}
     try:
-        for name, policy, router in CONFIGS:
-            results["runs"].append(one(name, policy, router, work_p, wl, opts))
+        for name, policy, router, flags in CONFIGS:
+            results["runs"].append(one(name, policy, router, flags, work_p, wl, opts))
     except Exception as exc:  # noqa: BLE001 - reported to the test
         import traceback
         results["error"] = f"{exc}\n{traceback.format_exc()}"

@@ -166,13 +166,65 @@ def test_supervisor_stops_descendants_that_left_the_group(tmp_path):
     assert time.time() - t0 < 30
 
 
+def test_anchorage_engines_get_the_scheduler_and_the_host_tier_stock_engines_do_not(tmp_path):
+    from anchorage.stack.engines import EngineSpec, engine_command
+
+    spec = EngineSpec(0, 1, 2, "/m", tmp_path, policy="hybrid", scheduler="prefix-aware",
+                      host_tier_bytes=16 << 20)
+    argv, env = engine_command(spec, {"ANCHORAGE_SCHEDULER": "fcfs"})
+    assert env["ANCHORAGE_SCHEDULER"] == "prefix-aware"
+    ktc = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    assert ktc["kv_connector"] == "AnchorageOffloadingConnector"
+    assert ktc["kv_load_failure_policy"] == "recompute"
+    ec = ktc["kv_connector_extra_config"]
+    assert ec["cpu_bytes_to_use"] == 16 << 20
+    assert ec["eviction_policy"] == "AnchorageCachePolicy"
+    assert ec["anchorage"]["state_dir"] == str(spec.state_dir)  # the sidecar reads it there
+    # stock engines (policy off) stay stock: neither, whatever the stack asks
+    stock = EngineSpec(0, 1, 2, "/m", tmp_path, policy="off", scheduler="prefix-aware",
+                       host_tier_bytes=16 << 20)
+    argv, env = engine_command(stock, {"ANCHORAGE_SCHEDULER": "prefix-aware"})
+    assert "--kv-transfer-config" not in argv and "ANCHORAGE_SCHEDULER" not in env
+    # the defaults: vLLM's FCFS order, no host tier
+    argv, env = engine_command(EngineSpec(0, 1, 2, "/m", tmp_path), {})
+    assert "--kv-transfer-config" not in argv and "ANCHORAGE_SCHEDULER" not in env
+
+
+def test_the_stack_flags_reach_the_engine_specs_and_bad_values_are_clear(tmp_path):
+    import argparse
+
+    from anchorage.cli import CLIError
+    from anchorage.commands.up import add_stack_args, stack_config
+
+    p = argparse.ArgumentParser()
+    add_stack_args(p)
+    p.add_argument("--router-params", default="{}")
+    cfg = stack_config(p.parse_args(["--scheduler", "prefix-aware", "--host-tier-mb", "32"]))
+    assert (cfg.scheduler, cfg.host_tier_mb) == ("prefix-aware", 32)
+    cfg = stack_config(p.parse_args([]))
+    assert (cfg.scheduler, cfg.host_tier_mb) == ("", 0)
+    with pytest.raises(CLIError, match="--host-tier-mb must be >= 0"):
+        stack_config(p.parse_args(["--host-tier-mb", "-1"]))
+    with pytest.raises(SystemExit):
+        p.parse_args(["--scheduler", "sjf"])
+    from anchorage.stack.stack import StackConfig
+    with pytest.raises(ValueError, match="--scheduler must be one of fcfs, prefix-aware"):
+        StackConfig(scheduler="sjf").validate()
+
+
 def test_metrics_parsers():
     from anchorage.drive.metrics import delta, parse, parse_node_agent
 
     v = parse('# HELP x\nvllm:prefix_cache_hits_total{engine="0",model_name="tiny"} 64.0\n'
               'vllm:prefix_cache_queries_total{engine="0",model_name="tiny"} 100.0\n'
               'vllm:prefix_cache_hits_created{engine="0"} 1.7e9\n')
-    assert v["hits"] == 64.0 and v["queries"] == 100.0
+    assert v["hits"] == 64.0 and v["queries"] == 100.0 and v["external_hits"] == 0.0
+    # the host tier's hits (through the KV connector) count as hits too: not recomputed
+    ext = parse('vllm:prefix_cache_hits_total{engine="0"} 40.0\n'
+                'vllm:external_prefix_cache_hits_total{engine="0"} 24.0\n'
+                'vllm:prefix_cache_queries_total{engine="0"} 100.0\n')
+    assert ext["external_hits"] == 24.0
+    assert summarize([], 1.0, engines=ext)["hit_rate_engines"] == pytest.approx(0.64)
     na = parse_node_agent('anchorage_policy_errors_total{model_name="tiny",policy="hybrid"} 5.0\n'
                           'anchorage_warmups_total{model_name="tiny",outcome="issued"} 2.0\n'
                           'anchorage_warmups_total{model_name="tiny",outcome="used"} 1.0\n')

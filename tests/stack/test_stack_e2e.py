@@ -2,13 +2,16 @@
 the tiny Llama, node-agent sidecars, the Ray Serve router, Prometheus when installed),
 driven by `anchorage drive`'s replayer, stopped with Ctrl-C (SIGINT).
 
-Stock (vLLM LRU, round-robin routing) vs Anchorage (hybrid eviction, agent routing) on the
-same generated multi-agent workload, one stack start per configuration: every request
-succeeds, Anchorage's prefix-cache hit rate is higher (from usage.cached_tokens and from
-vLLM's own counters), Prometheus scrapes every piece, and SIGINT leaves no process behind.
+Stock (vLLM LRU, round-robin routing) vs Anchorage (hybrid eviction, agent routing), and
+Anchorage with its engines' prefix-aware scheduler and host-memory KV tier
+(`--scheduler prefix-aware --host-tier-mb 16`), on the same generated multi-agent workload,
+one stack start per configuration: every request succeeds, Anchorage's prefix-cache hit
+rate is higher (from usage.cached_tokens and from vLLM's own counters), the two flags reach
+the engines and the host tier serves tokens, Prometheus scrapes every piece, and SIGINT
+leaves no process behind.
 
 Runs inside a private network namespace (a Ray Serve replica listens on every interface):
-root with unshare, like the router tests. ~4-5 minutes on 2 cores.
+root with unshare, like the router tests. ~6-7 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ def e2e(tmp_path_factory):
 
 
 def test_every_request_succeeds(e2e):
-    for name in ("stock", "anchorage"):
+    for name in ("stock", "anchorage", "anchorage-full"):
         s = e2e[name]["summary"]
         assert s["requests"] == e2e["_requests"] >= 100, (name, s["requests"])
         assert s["failed"] == 0, (name, s["errors"])
@@ -49,15 +52,31 @@ def test_anchorage_hit_rate_beats_stock(e2e):
     assert anch["recomputed_prefill_tokens"] < stock["recomputed_prefill_tokens"]
 
 
+def test_the_scheduler_and_host_tier_flags_reach_the_engines(e2e):
+    """`anchorage up --scheduler prefix-aware --host-tier-mb 16`: both engines run the
+    prefix-aware scheduler and the host tier, and the host tier serves prompt tokens
+    (vLLM's own external_prefix_cache_hits); without the flags, neither."""
+    full, plain = e2e["anchorage-full"], e2e["anchorage"]
+    assert full["engine_log_lines"] == {"PrefixAwareScheduler": 2,
+                                        "AnchorageOffloadingConnector": 2}, full["engine_log_lines"]
+    assert plain["engine_log_lines"] == {"PrefixAwareScheduler": 0,
+                                         "AnchorageOffloadingConnector": 0}
+    counters = full["summary"]["engine_counters"]
+    assert counters["external_hits"] > 0, counters
+    assert plain["summary"]["engine_counters"]["external_hits"] == 0
+    assert (full["summary"]["recomputed_prefill_tokens"]
+            < e2e["stock"]["summary"]["recomputed_prefill_tokens"])
+
+
 def test_prometheus_scrapes_every_piece(e2e):
     need(shutil.which("prometheus") is not None or os.path.exists("/usr/bin/prometheus"),
          "prometheus (scripts/setup.d/40-prometheus.sh)")
-    for name in ("stock", "anchorage"):
+    for name in ("stock", "anchorage", "anchorage-full"):
         assert e2e[name]["prometheus_up"] == e2e[name]["expected_targets"], e2e[name]
 
 
 def test_ctrl_c_stops_everything(e2e):
-    for name in ("stock", "anchorage"):
+    for name in ("stock", "anchorage", "anchorage-full"):
         r = e2e[name]
         assert r["processes"] >= 6, r          # engines (+ engine cores), node agents, router+Ray
         assert r["exit_code"] == 0, r["up_log_tail"]
