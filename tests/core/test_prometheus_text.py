@@ -37,7 +37,8 @@ def loaded(running="2.0", waiting="5.0", kv="0.4375", capacity="5.0") -> str:
 
 
 def test_real_vllm_metrics():
-    assert parse(REAL) == {"queries": 318.0, "hits": 192.0, "prompt_tokens": 318.0}
+    assert parse(REAL) == {"queries": 318.0, "hits": 192.0, "external_hits": 0.0,
+                           "prompt_tokens": 318.0}
     assert parse_vllm_gauges(REAL) == {"running": 0.0, "waiting": 0.0, "kv_usage": 0.0}
     assert parse_engine_load(REAL) == (0, 0)
     # the histograms are read too: every bucket series ends at +Inf with the request count
@@ -60,7 +61,8 @@ def test_label_sets_are_summed_and_escaped_values_read():
     t = REAL + second
     assert parse_vllm_gauges(t) == {"running": 2.0, "waiting": 5.0, "kv_usage": 0.4375}
     assert parse_engine_load(t) == (2, 5)
-    assert parse(t) == {"queries": 636.0, "hits": 384.0, "prompt_tokens": 636.0}
+    assert parse(t) == {"queries": 636.0, "hits": 384.0, "external_hits": 0.0,
+                        "prompt_tokens": 636.0}
     names = {lb["model_name"] for n, lb, _ in samples(t, ["vllm:num_requests_running"])}
     assert names == {"tiny", 't"i} n\\y\n'}
 
