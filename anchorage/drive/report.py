@@ -53,12 +53,13 @@ def summarize(results: list[Result], wall_s: float, engines: dict[str, float] | 
     cached = sum(r.cached_tokens for r in ok)
     ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
     errs = [f"#{r.index} {r.error}" for r in results if not r.ok][:5]
-    q = (engines or {}).get("queries") or 0
+    counters = engines or {}
+    q = counters.get("queries") or 0
     return {
         "requests": len(results), "ok": len(ok), "failed": len(results) - len(ok), "errors": errs,
         "hit_rate_usage": cached / prompt if prompt else 0.0,
-        "hit_rate_engines": (((engines or {}).get("hits", 0.0)
-                              + (engines or {}).get("external_hits", 0.0)) / q) if q else None,
+        "hit_rate_engines": ((counters.get("hits", 0.0) + counters.get("external_hits", 0.0))
+                             / q) if q else None,
         "prompt_tokens": prompt, "cached_tokens": cached,
         "recomputed_prefill_tokens": prompt - cached,
         "ttft_p50_s": _percentile(ttfts, 50), "ttft_p90_s": _percentile(ttfts, 90),

@@ -71,12 +71,10 @@ def test_default_render_objects(default_objects):
         if d["kind"] not in ("ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering"):
             assert d["metadata"]["namespace"] == NAMESPACE, d["metadata"]
     # the engines run what the headline benchmark's Anchorage runs: prefix-aware admission
-    dep = next(d for d in by_kind(default_objects, "Deployment")
-               if d["metadata"]["name"] == f"{RELEASE}-anchorage-llama-8b")
+    dep = one(default_objects, "Deployment", "-anchorage-llama-8b")
     assert _env(_containers(dep)["vllm"])["ANCHORAGE_SCHEDULER"] == "prefix-aware"
-    fcfs = next(d for d in by_kind(objects(render({"modelDefaults": {"scheduler": ""}})),
-                        "Deployment")
-                if d["metadata"]["name"] == f"{RELEASE}-anchorage-llama-8b")
+    fcfs = one(objects(render({"modelDefaults": {"scheduler": ""}})), "Deployment",
+               "-anchorage-llama-8b")
     assert "ANCHORAGE_SCHEDULER" not in _env(_containers(fcfs)["vllm"])   # vLLM's FCFS
 
 
