@@ -52,7 +52,7 @@ from bench import fleet_report, fleet_workloads, harness
 ROLE_ORDER = ("peer", "anchorage", "ablation", "limit", "paper")
 PEERS = ["stock", "smg", "llm-d", "llm-d+offload", "dynamo", "dynamo+thunderagent",
          "production-stack", "continuum"]
-FULL_STACKS = PEERS + ["anchorage", "anchorage-routing", "anchorage-eviction",
+FULL_STACKS = PEERS + ["anchorage", "anchorage-no-prefill-cap", "anchorage-routing", "anchorage-eviction",
                        "anchorage-admission", "anchorage-host", "anchorage-tokencake",
                        "anchorage-tokencake-gate", "anchorage-tokencake-spatial",
                        "anchorage-thunderagent", "limit-hbm",
@@ -76,7 +76,8 @@ PER_SLOT = {"weka": 1.5, "swe": 1.5, "gen": 1.2, "mooncake": 0}
 MIN_SESSIONS = {"weka": 64, "swe": 96, "gen": 256, "mooncake": 0}
 QUICK_MIN = {"weka": 24, "swe": 48, "gen": 96, "mooncake": 0}
 # the ablations run where Anchorage's components have something to act on
-FULL_ONLY = {wl: PEERS + ["anchorage", "limit-hbm", "limit-host", "limit-tiers"]
+FULL_ONLY = {wl: PEERS + ["anchorage", "anchorage-no-prefill-cap", "limit-hbm", "limit-host",
+                          "limit-tiers"]
              for wl in ("swe", "gen", "mooncake")}
 LOAD_UNIT = {"mooncake": "requests/s per GPU"}
 MOONCAKE_RATE = 12031 / 3600.0  # the trace's mean rate, requests/s

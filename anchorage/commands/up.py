@@ -52,6 +52,10 @@ def add_stack_args(p, *, with_policy: bool = True) -> None:
     p.add_argument("--host-tier-mb", type=int, default=0, metavar="MIB",
                    help="Anchorage engines' host-memory KV tier, MiB per engine (the chart's "
                         "hostTier: Anchorage's connector and policy); 0: none (default)")
+    p.add_argument("--long-prefill-tokens", type=int, default=0, metavar="N",
+                   help="Anchorage engines' cap on one prefill chunk per step, tokens "
+                        "(vLLM's --long-prefill-token-threshold; the chart's "
+                        "longPrefillTokens); 0: none (default)")
     p.add_argument("--gpu", action="store_true",
                    help="engines are the GPU build (no eager/CPU-only flags)")
     p.add_argument("--workdir", default=None,
@@ -85,6 +89,7 @@ def stack_config(args, policy: str | None = None, router: str | None = None):
                       warmup=not args.no_warmup, cpu=not args.gpu,
                       scheduler="" if args.scheduler == "fcfs" else args.scheduler,
                       host_tier_mb=args.host_tier_mb,
+                      long_prefill_tokens=args.long_prefill_tokens,
                       engine_timeout_s=args.engine_timeout)
     try:
         return cfg.validate()

@@ -79,6 +79,7 @@ def _timed_config(spec: StackSpec, st: Setting, contexts) -> TimedConfig:
         think_s=st.think_s, max_sessions=st.slots if st.mode == "closed" else None,
         warmup_frac=st.warmup_frac if st.mode == "closed" else 0.0, capacity_blocks=cap,
         admission=spec.admission, admission_params=spec.admission_kwargs(st.slo_s) or None,
+        long_prefill_tokens=spec.long_prefill_tokens,
         program_gate=spec.program_gate,
         program_gate_params=dict(spec.program_gate_params) or None,
         retention=spec.retention, retention_params=dict(spec.retention_params) or None)

@@ -10,7 +10,9 @@ replica's ``router`` (``anchorage.routing``) with ``router_params``, GPU evictio
 (``anchorage.sim.engine.ADMISSIONS``); the host tier's ``tiering`` mode
 (``anchorage.tiering.params.MODES``; ``off``: no host tier) with ``gate``
 (``GateParams`` fields) and ``tiering_params`` (other ``TieringConfig`` fields); a
-``program_gate`` (``anchorage.sim.programs``) with its parameters; ``retention``
+``program_gate`` (``anchorage.sim.programs``) with its parameters; ``long_prefill_tokens``
+(the engines' cap on one prefill chunk per step, vLLM's ``long_prefill_token_threshold``;
+0, vLLM's default: none); ``retention``
 (``anchorage.sim.retention``); ``limit``: ``none``, ``infinite-device`` (HBM large enough
 for the whole workload, same compute), ``infinite-host`` (host DRAM without bound) or
 ``free-tiers`` (host DRAM without bound behind a link without cost: every eviction from
@@ -55,6 +57,7 @@ class StackSpec:
     program_gate_params: dict = field(default_factory=dict)
     retention: str = "none"
     retention_params: dict = field(default_factory=dict)
+    long_prefill_tokens: int = 0
     limit: str = "none"
     notes: str = ""
 
@@ -78,6 +81,9 @@ class StackSpec:
                                  f"known: {', '.join(known)}")
         if not self.source:
             raise ValueError(f"stack {self.name!r}: a stack names its source")
+        if not isinstance(self.long_prefill_tokens, int) or self.long_prefill_tokens < 0:
+            raise ValueError(f"stack {self.name!r}: long_prefill_tokens must be an integer "
+                             f">= 0, got {self.long_prefill_tokens!r}")
         try:
             self.admission_kwargs(1.0)
         except (TypeError, ValueError) as exc:

@@ -71,6 +71,7 @@ class TimedConfig:
     warmup_frac: float = 0.0            # with max_sessions: also skip this part of the window
     admission: str = "fcfs"             # replica admission order: "fcfs" | "prefix-aware"
     admission_params: dict | None = None  # prefix-aware: anchorage.policies.admission
+    long_prefill_tokens: int = 0        # cap on a prefill chunk (vLLM's long_prefill_token_threshold)
     decode_spans: bool = True           # simulate pure-decode steps as spans (sim.span)
     program_gate: str = "none"          # "none" | "thunderagent" (anchorage.sim.programs)
     program_gate_params: dict | None = None
@@ -90,6 +91,8 @@ class TimedConfig:
             raise ValueError("think_s and warmup_s must be >= 0")
         if self.capacity_blocks is not None and self.capacity_blocks <= 0:
             raise ValueError("capacity_blocks must be positive")
+        if self.long_prefill_tokens < 0:
+            raise ValueError(f"long_prefill_tokens must be >= 0, got {self.long_prefill_tokens}")
         if self.admission not in ADMISSIONS:
             raise ValueError(f"admission must be one of {', '.join(ADMISSIONS)}, "
                              f"got {self.admission!r}")
@@ -170,12 +173,14 @@ class ClusterSim:
             shared = pool_cls(cap * cfg.replicas, bs, policy_factory())
             self.pools = [shared]
             self.replicas = [Replica(i, cfg.profile, shared, admission=cfg.admission,
-                                     admission_params=cfg.admission_order_params)
+                                     admission_params=cfg.admission_order_params,
+                                     long_prefill_tokens=cfg.long_prefill_tokens)
                              for i in range(cfg.replicas)]
         else:
             self.pools = [pool_cls(cap, bs, policy_factory()) for _ in range(cfg.replicas)]
             self.replicas = [Replica(i, cfg.profile, p, admission=cfg.admission,
-                                     admission_params=cfg.admission_order_params)
+                                     admission_params=cfg.admission_order_params,
+                                     long_prefill_tokens=cfg.long_prefill_tokens)
                              for i, p in enumerate(self.pools)]
         if not pooled and cfg.decode_spans:
             for rep in self.replicas:

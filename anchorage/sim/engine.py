@@ -7,7 +7,10 @@ and ``waiting`` (FCFS). Each engine step is planned by ``plan_step(now)``:
 
 1. Running requests first, in order, with a token budget ``max_num_batched_tokens``: a
    request still prefilling gets ``min(remaining prefill, budget)`` tokens (chunked
-   prefill), a decoding one gets 1 token. A decode needs room for its next token
+   prefill), a decoding one gets 1 token. With ``long_prefill_tokens = L > 0`` (vLLM's
+   ``long_prefill_token_threshold``) a prefill chunk is at most ``L`` tokens, running or
+   newly admitted, in every step that starts with more than one request running or
+   waiting (vLLM: a request alone has nobody to starve); default 0, no cap. A decode needs room for its next token
    (``BlockPool.grow``); when the pool is out of blocks the *last* running request is
    preempted (vLLM's recompute preemption: its blocks are freed, its progress dropped, it
    goes back to the head of ``waiting`` and later re-prefills its prompt plus the tokens
@@ -156,12 +159,17 @@ class Replica:
 
     def __init__(self, index: int, profile: HardwareProfile, pool: BlockPool,
                  cost: Callable[..., float] = step_time_s, admission: str = "fcfs",
-                 admission_params: AdmissionParams | None = None):
+                 admission_params: AdmissionParams | None = None,
+                 long_prefill_tokens: int = 0):
         if admission not in ADMISSIONS:
             raise ValueError(f"admission must be one of {', '.join(ADMISSIONS)}, "
                              f"got {admission!r}")
+        if long_prefill_tokens < 0:
+            raise ValueError(f"long_prefill_tokens must be >= 0, got {long_prefill_tokens}")
         self.admission = admission
         self.admission_params = admission_params or AdmissionParams()
+        self.long_prefill_tokens = long_prefill_tokens
+        self._chunk_cap = 0   # this step's cap on a prefill chunk (0: none; plan_step)
         self._sorted_at: tuple[int, int] | None = None  # (arrivals, free epoch) of last sort
         self._resort_at = math.inf   # when a waiting request next changes class (queues)
         self._arrivals = 0
@@ -231,6 +239,8 @@ class Replica:
             tier.on_step(now)
         if self.retention is not None and self.retention.pins:
             self._release_pins(now)
+        lp = self.long_prefill_tokens
+        self._chunk_cap = lp if lp and len(self.running) + len(self.waiting) > 1 else 0
         budget, preempted = self._schedule_running(now, p.max_num_batched_tokens, items)
         stalled = False
         if not preempted:
@@ -265,7 +275,7 @@ class Replica:
                 i += 1
                 continue
             prefilling = r.num_computed < r.prefill_target
-            n = min(r.prefill_target - r.num_computed, budget) if prefilling else 1
+            n = self._chunk(r, budget) if prefilling else 1
             fits = True
             while (r.num_computed + n > len(r.alloc.blocks) * bs
                    and not self.pool.grow(r.alloc, r.num_computed + n)):
@@ -285,6 +295,15 @@ class Replica:
             budget -= n
             i += 1
         return budget, preempted
+
+    def _chunk(self, r: SimRequest, budget: int) -> int:
+        """A prefilling request's tokens this step: what is left of its prefill, within the
+        budget and this step's chunk cap (``long_prefill_tokens``)."""
+        n = r.prefill_target - r.num_computed
+        cap = self._chunk_cap
+        if 0 < cap < n:
+            n = cap
+        return min(n, budget)
 
     def _admit_waiting(self, now: float, budget: int, items: list) -> tuple[int, bool]:
         """Admit waiting requests in queue order (the tier's, prefix-aware or program FCFS
@@ -323,7 +342,7 @@ class Replica:
             running.append(r)
             if r.ready_s > now:
                 continue  # scheduled once its reload completes
-            n = min(r.prefill_target - r.num_computed, budget)
+            n = self._chunk(r, budget)
             items.append((r, n, True))
             budget -= n
         if waiting and len(running) >= p.max_num_seqs:

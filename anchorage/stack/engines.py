@@ -11,10 +11,12 @@ talk over that address.
 The engine runs through ``python -m anchorage.stack.vllm_server``, which registers the
 Anchorage plugin before vLLM starts; ``ANCHORAGE_POLICY`` picks the eviction policy (``off``:
 stock vLLM, nothing patched). An Anchorage engine (policy not ``off``) may also get the
-prefix-aware scheduler (``scheduler``: ``ANCHORAGE_SCHEDULER``) and a host-memory KV tier
+prefix-aware scheduler (``scheduler``: ``ANCHORAGE_SCHEDULER``), a host-memory KV tier
 (``host_tier_bytes``: ``--kv-transfer-config`` from
 ``anchorage.node_agent.offload.config.transfer_config``, what the chart's ``hostTier``
-renders); a stock engine never does."""
+renders) and a cap on one prefill chunk per step (``long_prefill_tokens``: vLLM's
+``--long-prefill-token-threshold``, the chart's ``longPrefillTokens``); a stock engine
+never does."""
 
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ class EngineSpec:
     warmup: bool = True                # node-agent warm-ups
     scheduler: str = ""                # ANCHORAGE_SCHEDULER ("" / fcfs: vLLM's order)
     host_tier_bytes: int = 0           # host-memory KV tier (Anchorage's connector); 0: none
+    long_prefill_tokens: int = 0       # --long-prefill-token-threshold; 0: none (vLLM's)
 
     @property
     def url(self) -> str:
@@ -94,6 +97,8 @@ def engine_command(spec: EngineSpec, base_env: dict[str, str]) -> tuple[list[str
 
         argv += ["--kv-transfer-config", json.dumps(transfer_config(
             spec.host_tier_bytes, anchorage={"state_dir": str(spec.state_dir)}))]
+    if spec.long_prefill_tokens and anchorage_on:
+        argv += ["--long-prefill-token-threshold", str(spec.long_prefill_tokens)]
     env = {k: v for k, v in base_env.items() if not k.startswith("ANCHORAGE_")}
     env.update(ANCHORAGE_POLICY=spec.policy, ANCHORAGE_STATE_DIR=str(spec.state_dir),
                VLLM_NO_USAGE_STATS="1", VLLM_WORKER_MULTIPROC_METHOD="fork",

@@ -55,6 +55,7 @@ class StackConfig:
     warmup: bool = True
     scheduler: str = ""                # Anchorage engines' admission (ANCHORAGE_SCHEDULER)
     host_tier_mb: int = 0              # Anchorage engines' host-memory KV tier, MiB; 0: none
+    long_prefill_tokens: int = 0       # Anchorage engines' prefill chunk cap; 0: none
     cpu: bool = True
     engine_timeout_s: float = 600.0
     router_timeout_s: float = 180.0
@@ -73,6 +74,9 @@ class StackConfig:
             raise ValueError(f"--scheduler must be one of {known}, got {self.scheduler!r}")
         if self.host_tier_mb < 0:
             raise ValueError(f"--host-tier-mb must be >= 0, got {self.host_tier_mb}")
+        if self.long_prefill_tokens < 0:
+            raise ValueError(f"--long-prefill-tokens must be >= 0, got "
+                             f"{self.long_prefill_tokens}")
         from anchorage.policies.registry import is_offline, policy_names
         if self.policy not in POLICIES_OFF:
             if self.policy not in policy_names(include_offline=True) or is_offline(self.policy):
@@ -186,7 +190,8 @@ class Stack:
                 workdir=wd, policy="off" if cfg.policy in POLICIES_OFF else cfg.policy,
                 block_size=cfg.block_size, kv_blocks=cfg.kv_blocks if dummy else 0,
                 dummy=dummy, tokenizer=chat, cpu=cfg.cpu, warmup=cfg.warmup,
-                scheduler=cfg.scheduler, host_tier_bytes=cfg.host_tier_mb << 20))
+                scheduler=cfg.scheduler, host_tier_bytes=cfg.host_tier_mb << 20,
+                long_prefill_tokens=cfg.long_prefill_tokens))
         tiny = ", tiny Llama with dummy weights" + (" and a tokenizer" if chat else "")
         say(f"starting {cfg.engines} vLLM engine(s) (policy {cfg.policy}"
             f"{tiny if dummy else ', model ' + model}) ...")

@@ -76,6 +76,12 @@ def test_default_render_objects(default_objects):
     fcfs = one(objects(render({"modelDefaults": {"scheduler": ""}})), "Deployment",
                "-anchorage-llama-8b")
     assert "ANCHORAGE_SCHEDULER" not in _env(_containers(fcfs)["vllm"])   # vLLM's FCFS
+    # ... and vLLM's prefill chunk cap (longPrefillTokens; 0: none)
+    assert "--long-prefill-token-threshold=2048" in _containers(dep)["vllm"]["args"]
+    uncapped = one(objects(render({"modelDefaults": {"longPrefillTokens": 0}})), "Deployment",
+                   "-anchorage-llama-8b")
+    assert not any(a.startswith("--long-prefill-token-threshold")
+                   for a in _containers(uncapped)["vllm"]["args"])
 
 
 @pytest.mark.parametrize("variant", ["defaults", "all-on", "all-on-deployment-router"])
@@ -497,6 +503,7 @@ BAD_VALUES = [
     ({"models": [model("a", policy="mru")]}, "/models/0/policy"),
     ({"models": [model("a", vllmPlugins="other")]}, "/models/0/vllmPlugins"),
     ({"models": [model("a", blockSize=24)]}, "/models/0/blockSize"),
+    ({"models": [model("a", longPrefillTokens=-1)]}, "/models/0/longPrefillTokens"),
     ({"models": [model("a", tiering="temporal,spatial")]}, "/models/0/tiering"),
     ({"models": [model("a", hostOffload={"linkGBs": 0})]}, "/models/0/hostOffload/linkGBs"),
     ({"models": [{"name": "a", "image": {"repository": "r", "tag": "t"}}]}, "model"),
@@ -532,6 +539,20 @@ def test_duplicate_model_names_rejected():
     with pytest.raises(HelmRenderError) as exc:
         chart.render({"models": [model("a"), model("a")]}, name=RELEASE, namespace=NAMESPACE)
     assert 'the name "a" is used twice' in str(exc.value)
+
+
+def test_a_prefill_cap_above_the_model_length_is_a_clear_error():
+    from helm_python import Chart, HelmRenderError
+
+    chart = Chart.load(str(CHART))
+    with pytest.raises(HelmRenderError) as exc:
+        chart.render({"models": [model("a", maxModelLen=1024)]}, name=RELEASE,
+                     namespace=NAMESPACE)                  # the default cap is 2048 tokens
+    assert 'longPrefillTokens (2048) must not exceed maxModelLen (1024)' in str(exc.value)
+    ok = objects(chart.render({"models": [model("a", maxModelLen=1024, longPrefillTokens=512)]},
+                              name=RELEASE, namespace=NAMESPACE))
+    assert "--long-prefill-token-threshold=512" in _containers(
+        one(ok, "Deployment", "-anchorage-a"))["vllm"]["args"]
 
 
 def test_values_documented_field_by_field():

@@ -145,6 +145,38 @@ def test_chunked_prefill_respects_the_token_budget():
     assert_drained(sim, wl)
 
 
+def test_long_prefill_cap_chunks_a_prefill_only_beside_other_requests():
+    """vLLM's long_prefill_token_threshold: a request alone prefills with the whole budget;
+    beside another, its chunks are at most the cap, and the short request behind a long
+    prompt gets its first token before the long prefill is done (without the cap it
+    waits for all of it)."""
+    p = tiny_profile(max_num_batched_tokens=256, capacity=64)
+    alone = [TraceRecord(timestamp=0.0, hash_ids=list(range(1, 17)), output_length=1,
+                         input_length=256)]
+    sim, _ = simulate(alone, TimedConfig(p, mode="open", long_prefill_tokens=32))
+    assert sim.replicas[0].stats.steps == 1                # nobody to starve: no cap
+
+    p = tiny_profile(max_num_batched_tokens=256, capacity=128)
+    long_then_short = [TraceRecord(timestamp=0.0, hash_ids=list(range(1, 65)), output_length=1,
+                                   input_length=1024),
+                       TraceRecord(timestamp=0.0, hash_ids=[100], output_length=1,
+                                   input_length=16)]
+    ttft = {}
+    for cap in (0, 32):
+        sim, wl = simulate(long_then_short, TimedConfig(p, mode="open", long_prefill_tokens=cap))
+        assert_drained(sim, wl)
+        long_r, short_r = sorted(sim.completed, key=lambda r: r.prompt_len, reverse=True)
+        ttft[cap] = (long_r.first_token_s, short_r.first_token_s - short_r.arrival_s)
+    # uncapped: the short request waits for the long prompt's four 256-token steps
+    assert ttft[0][1] >= ttft[0][0]
+    # capped: the short one is served in the second step (the first started with the long
+    # request alone), beside a 32-token chunk
+    assert ttft[32][1] < ttft[0][1] / 2
+    assert ttft[32][0] > ttft[0][0]                         # the long one pays a little
+    with pytest.raises(ValueError):
+        TimedConfig(p, long_prefill_tokens=-1)
+
+
 def test_preemption_recomputes_and_everything_drains():
     # long outputs on a small pool: decodes run out of blocks and preempt
     recs = [TraceRecord(timestamp=0.0, hash_ids=[10 * i + j for j in range(3)], output_length=120,

@@ -19,9 +19,11 @@ CONFIGS = [("stock", "off", "round_robin", ()), ("anchorage", "hybrid", "agent",
            # the engines as the fleet benchmark's Anchorage runs them: prefix-aware admission
            # and a host-memory KV tier (the chart's scheduler and hostTier)
            ("anchorage-full", "hybrid", "agent",
-            ("--scheduler", "prefix-aware", "--host-tier-mb", "16"))]
-# what vLLM itself logs at start: the scheduler class it built, the connector it loaded
-ENGINE_LOG_LINES = ("PrefixAwareScheduler", "AnchorageOffloadingConnector")
+            ("--scheduler", "prefix-aware", "--host-tier-mb", "16", "--long-prefill-tokens", "64"))]
+# what vLLM itself logs at start: the scheduler class it built, the connector it loaded,
+# the prefill chunk cap among its non-default arguments
+ENGINE_LOG_LINES = ("PrefixAwareScheduler", "AnchorageOffloadingConnector",
+                    "'long_prefill_token_threshold': 64")
 
 
 def prometheus_targets_up(url: str) -> int:

@@ -166,13 +166,14 @@ def test_supervisor_stops_descendants_that_left_the_group(tmp_path):
     assert time.time() - t0 < 30
 
 
-def test_anchorage_engines_get_the_scheduler_and_the_host_tier_stock_engines_do_not(tmp_path):
+def test_anchorage_engines_get_the_scheduler_host_tier_and_cap_stock_engines_do_not(tmp_path):
     from anchorage.stack.engines import EngineSpec, engine_command
 
     spec = EngineSpec(0, 1, 2, "/m", tmp_path, policy="hybrid", scheduler="prefix-aware",
-                      host_tier_bytes=16 << 20)
+                      host_tier_bytes=16 << 20, long_prefill_tokens=2048)
     argv, env = engine_command(spec, {"ANCHORAGE_SCHEDULER": "fcfs"})
     assert env["ANCHORAGE_SCHEDULER"] == "prefix-aware"
+    assert argv[argv.index("--long-prefill-token-threshold") + 1] == "2048"
     ktc = json.loads(argv[argv.index("--kv-transfer-config") + 1])
     assert ktc["kv_connector"] == "AnchorageOffloadingConnector"
     assert ktc["kv_load_failure_policy"] == "recompute"
@@ -182,12 +183,14 @@ def test_anchorage_engines_get_the_scheduler_and_the_host_tier_stock_engines_do_
     assert ec["anchorage"]["state_dir"] == str(spec.state_dir)  # the sidecar reads it there
     # stock engines (policy off) stay stock: neither, whatever the stack asks
     stock = EngineSpec(0, 1, 2, "/m", tmp_path, policy="off", scheduler="prefix-aware",
-                       host_tier_bytes=16 << 20)
+                       host_tier_bytes=16 << 20, long_prefill_tokens=2048)
     argv, env = engine_command(stock, {"ANCHORAGE_SCHEDULER": "prefix-aware"})
     assert "--kv-transfer-config" not in argv and "ANCHORAGE_SCHEDULER" not in env
-    # the defaults: vLLM's FCFS order, no host tier
+    assert "--long-prefill-token-threshold" not in argv
+    # the defaults: vLLM's FCFS order, no host tier, no prefill cap
     argv, env = engine_command(EngineSpec(0, 1, 2, "/m", tmp_path), {})
     assert "--kv-transfer-config" not in argv and "ANCHORAGE_SCHEDULER" not in env
+    assert "--long-prefill-token-threshold" not in argv
 
 
 def test_the_stack_flags_reach_the_engine_specs_and_bad_values_are_clear(tmp_path):
@@ -199,12 +202,15 @@ def test_the_stack_flags_reach_the_engine_specs_and_bad_values_are_clear(tmp_pat
     p = argparse.ArgumentParser()
     add_stack_args(p)
     p.add_argument("--router-params", default="{}")
-    cfg = stack_config(p.parse_args(["--scheduler", "prefix-aware", "--host-tier-mb", "32"]))
-    assert (cfg.scheduler, cfg.host_tier_mb) == ("prefix-aware", 32)
+    cfg = stack_config(p.parse_args(["--scheduler", "prefix-aware", "--host-tier-mb", "32",
+                                     "--long-prefill-tokens", "512"]))
+    assert (cfg.scheduler, cfg.host_tier_mb, cfg.long_prefill_tokens) == ("prefix-aware", 32, 512)
     cfg = stack_config(p.parse_args([]))
-    assert (cfg.scheduler, cfg.host_tier_mb) == ("", 0)
+    assert (cfg.scheduler, cfg.host_tier_mb, cfg.long_prefill_tokens) == ("", 0, 0)
     with pytest.raises(CLIError, match="--host-tier-mb must be >= 0"):
         stack_config(p.parse_args(["--host-tier-mb", "-1"]))
+    with pytest.raises(CLIError, match="--long-prefill-tokens must be >= 0"):
+        stack_config(p.parse_args(["--long-prefill-tokens", "-1"]))
     with pytest.raises(SystemExit):
         p.parse_args(["--scheduler", "sjf"])
     from anchorage.stack.stack import StackConfig

@@ -3,12 +3,13 @@ the tiny Llama, node-agent sidecars, the Ray Serve router, Prometheus when insta
 driven by `anchorage drive`'s replayer, stopped with Ctrl-C (SIGINT).
 
 Stock (vLLM LRU, round-robin routing) vs Anchorage (hybrid eviction, agent routing), and
-Anchorage with its engines' prefix-aware scheduler and host-memory KV tier
-(`--scheduler prefix-aware --host-tier-mb 16`), on the same generated multi-agent workload,
-one stack start per configuration: every request succeeds, Anchorage's prefix-cache hit
-rate is higher (from usage.cached_tokens and from vLLM's own counters), the two flags reach
-the engines and the host tier serves tokens, Prometheus scrapes every piece, and SIGINT
-leaves no process behind.
+Anchorage with its engines' prefix-aware scheduler, host-memory KV tier and prefill chunk
+cap (`--scheduler prefix-aware --host-tier-mb 16 --long-prefill-tokens 64`), on the same
+generated multi-agent workload, one stack start per configuration: every request succeeds,
+Anchorage's prefix-cache hit rate is higher (from usage.cached_tokens and from vLLM's own
+counters), the three flags reach the engines and the host tier serves tokens, Prometheus
+scrapes every piece, and SIGINT leaves no process behind. (What the cap does in vLLM's
+scheduler: tests/node_agent/test_long_prefill_engine.py.)
 
 Runs inside a private network namespace (a Ray Serve replica listens on every interface):
 root with unshare, like the router tests. ~6-7 minutes on 2 cores.
@@ -53,14 +54,17 @@ def test_anchorage_hit_rate_beats_stock(e2e):
 
 
 def test_the_scheduler_and_host_tier_flags_reach_the_engines(e2e):
-    """`anchorage up --scheduler prefix-aware --host-tier-mb 16`: both engines run the
-    prefix-aware scheduler and the host tier, and the host tier serves prompt tokens
-    (vLLM's own external_prefix_cache_hits); without the flags, neither."""
+    """`anchorage up --scheduler prefix-aware --host-tier-mb 16 --long-prefill-tokens 64`:
+    both engines run the prefix-aware scheduler, the host tier and vLLM's prefill chunk cap
+    of 64 tokens, and the host tier serves prompt tokens (vLLM's own
+    external_prefix_cache_hits); without the flags, none of them."""
     full, plain = e2e["anchorage-full"], e2e["anchorage"]
+    cap = "'long_prefill_token_threshold': 64"
     assert full["engine_log_lines"] == {"PrefixAwareScheduler": 2,
-                                        "AnchorageOffloadingConnector": 2}, full["engine_log_lines"]
+                                        "AnchorageOffloadingConnector": 2,
+                                        cap: 2}, full["engine_log_lines"]
     assert plain["engine_log_lines"] == {"PrefixAwareScheduler": 0,
-                                         "AnchorageOffloadingConnector": 0}
+                                         "AnchorageOffloadingConnector": 0, cap: 0}
     counters = full["summary"]["engine_counters"]
     assert counters["external_hits"] > 0, counters
     assert plain["summary"]["engine_counters"]["external_hits"] == 0

@@ -5,7 +5,11 @@ Components (Anchorage's defaults): routing ``agent`` (``anchorage.routing.agent`
 eviction ``hybrid``, admission ``prefix-aware`` with the deployment's TTFT target (the
 setting's SLO: urgent requests first, late ones last; ``anchorage.policies.admission``),
 host tier ``store-all`` (every turn's new blocks stored in host memory, reloaded at admission:
-what the engine's offloading connector does, and what the peers do). The gated tier
+what the engine's offloading connector does, and what the peers do), and prefill chunks of
+at most 2,048 tokens per step beside other requests (vLLM's ``long_prefill_token_threshold``,
+the chart's ``longPrefillTokens``: a new coding-agent session's 100k-token prefill no longer
+holds every turn behind it for seconds; ``anchorage-no-prefill-cap`` is the stack without it,
+docs/research/fleet.md, "Long prefills"). The gated tier
 ``tokencake`` (the temporal gate, demotion and warm-up of ``anchorage.tiering``, plus the
 spatial reservation) was the default until the ablations at WEKA's knee measured it below
 store-all (0.168 vs 0.227 turns/s/GPU within the SLO, docs/research/fleet.md); it
@@ -27,8 +31,8 @@ of programs by KV capacity, ``anchorage.sim.programs``) above Anchorage's engine
 the gate places programs itself, so Anchorage's router is not used. The router has no
 program gate yet: this row measures what one would add, it is not a deployable stack.
 ``anchorage-no-target``: prefix-aware admission without the TTFT target (CacheWise's order,
-Anchorage's default before the target); the ablations and the other variants change one
-component of it.
+Anchorage's default before the target) and without the prefill cap; the ablations and the
+other variants change one component of it.
 
 Prefetch (CacheScout's between-step warm-up) is not part of the simulator, so it has no
 ablation here.
@@ -41,14 +45,14 @@ from anchorage.fleet.spec import StackSpec
 FULL = StackSpec(
     name="anchorage", peer="Anchorage (agent routing, hybrid, prefix-aware, store-all host)",
     source="anchorage/routing/agent.py, policies/hybrid.py, policies/admission.py, "
-           "tiering/replica.py (store-all)",
+           "tiering/replica.py (store-all), sim/engine.py (long_prefill_tokens)",
     role="anchorage", router="agent", policy="hybrid", admission="prefix-aware",
-    admission_params={"ttft_target_s": "$slo"}, tiering="store-all")
+    admission_params={"ttft_target_s": "$slo"}, tiering="store-all", long_prefill_tokens=2048)
 
 # The ablations and variants change one component of ``anchorage-no-target`` (the full
 # stack without the TTFT target), the stack they were measured against; ``anchorage``
 # against ``anchorage-no-target`` measures the target.
-NO_TARGET = dict(admission_params={})
+NO_TARGET = dict(admission_params={}, long_prefill_tokens=0)
 ABLATIONS = {
     "routing": dict(router="llm_d", **NO_TARGET),
     "eviction": dict(policy="lru", **NO_TARGET),
@@ -57,6 +61,7 @@ ABLATIONS = {
 }
 VARIANTS = {
     "no-target": NO_TARGET,
+    "no-prefill-cap": dict(long_prefill_tokens=0),
     "tokencake": dict(tiering="tokencake", **NO_TARGET),
     "tokencake-gate": dict(tiering="naive-incremental", **NO_TARGET),
     "tokencake-spatial": dict(tiering="temporal", **NO_TARGET),
