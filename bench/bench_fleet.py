@@ -55,8 +55,9 @@ PEERS = ["stock", "smg", "llm-d", "llm-d+offload", "dynamo", "dynamo+thunderagen
 FULL_STACKS = PEERS + ["anchorage", "anchorage-no-prefill-cap", "anchorage-routing", "anchorage-eviction",
                        "anchorage-admission", "anchorage-host", "anchorage-tokencake",
                        "anchorage-tokencake-gate", "anchorage-tokencake-spatial",
-                       "anchorage-thunderagent", "limit-hbm",
-                       "limit-host", "limit-tiers"]
+                       "anchorage-thunderagent", "dynamo+thunderagent+prefill-cap",
+                       "llm-d+offload+prefill-cap", "production-stack+prefill-cap",
+                       "limit-hbm", "limit-host", "limit-tiers"]
 QUICK_STACKS = PEERS + ["anchorage", "limit-hbm"]
 # per workload: loads swept, replicas, seeds, sessions per slot, sessions at least. CPU
 # per run: WEKA 3-25 s, SWE 1-30 s, Mooncake ~10 s; on a 2-core machine at load average
@@ -76,8 +77,9 @@ PER_SLOT = {"weka": 1.5, "swe": 1.5, "gen": 1.2, "mooncake": 0}
 MIN_SESSIONS = {"weka": 64, "swe": 96, "gen": 256, "mooncake": 0}
 QUICK_MIN = {"weka": 24, "swe": 48, "gen": 96, "mooncake": 0}
 # the ablations run where Anchorage's components have something to act on
-FULL_ONLY = {wl: PEERS + ["anchorage", "anchorage-no-prefill-cap", "limit-hbm", "limit-host",
-                          "limit-tiers"]
+FULL_ONLY = {wl: PEERS + ["anchorage", "anchorage-no-prefill-cap",
+                          "dynamo+thunderagent+prefill-cap", "production-stack+prefill-cap",
+                          "limit-hbm", "limit-host", "limit-tiers"]
              for wl in ("swe", "gen", "mooncake")}
 LOAD_UNIT = {"mooncake": "requests/s per GPU"}
 MOONCAKE_RATE = 12031 / 3600.0  # the trace's mean rate, requests/s

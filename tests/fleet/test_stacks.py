@@ -1,5 +1,7 @@
 """The peer stacks' configurations, the memory hierarchy, the fleet metrics' summaries."""
 
+from dataclasses import replace
+
 import pytest
 
 from anchorage.fleet.hierarchy import PCIE_GEN5_X16_GBS, MemoryHierarchy
@@ -40,20 +42,32 @@ def test_anchorage_ablations_change_exactly_one_component():
     assert (full.router, full.policy, full.admission, full.tiering) == (
         "agent", "hybrid", "prefix-aware", "store-all")
     assert full.admission_kwargs(2.0) == {"ttft_target_s": 2.0}   # the setting's SLO
-    # the ablations change one component of the stack without the target
+    assert full.long_prefill_tokens == 2048
+    # the ablations change one component of the stack without the target and the cap
     base = get_stack("anchorage-no-target")
-    assert [f for f in ("router", "policy", "admission", "tiering", "program_gate",
-                        "admission_params") if getattr(base, f) != getattr(full, f)] == [
-        "admission_params"]
-    fields = ("router", "policy", "admission", "tiering", "program_gate", "admission_params")
+    fields = ("router", "policy", "admission", "tiering", "program_gate", "admission_params",
+              "long_prefill_tokens")
+    assert [f for f in fields if getattr(base, f) != getattr(full, f)] == [
+        "admission_params", "long_prefill_tokens"]
+    uncapped = get_stack("anchorage-no-prefill-cap")
+    assert [f for f in fields if getattr(uncapped, f) != getattr(full, f)] == [
+        "long_prefill_tokens"]
     for n in stack_names("ablation"):
-        if n == base.name:
+        if n in (base.name, uncapped.name) or not n.startswith("anchorage-"):
             continue
         a = get_stack(n)
         changed = [f for f in fields if getattr(a, f) != getattr(base, f)]
         assert len(changed) == 1, (n, changed)
-    for n in ("limit-host", "limit-tiers"):      # the full stack, target included
+    for n in ("limit-host", "limit-tiers"):      # the full stack, target and cap included
         assert get_stack(n).admission_params == full.admission_params
+        assert get_stack(n).long_prefill_tokens == full.long_prefill_tokens
+    # the controls: a peer as shipped plus Anchorage's cap, never a peer row
+    for peer in ("dynamo+thunderagent", "llm-d+offload", "production-stack"):
+        c, p = get_stack(f"{peer}+prefill-cap"), get_stack(peer)
+        assert c.role == "ablation" and c.long_prefill_tokens == full.long_prefill_tokens
+        assert replace(c, name=p.name, role=p.role, peer=p.peer, long_prefill_tokens=0) == p
+    with pytest.raises(ValueError, match="long_prefill_tokens"):
+        StackSpec(name="x", peer="x", source="x", long_prefill_tokens=-1)
     with pytest.raises(ValueError, match="unknown admission parameter"):
         StackSpec(name="x", peer="x", source="x", admission="prefix-aware",
                   admission_params={"target": "$slo"})
