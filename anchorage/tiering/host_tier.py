@@ -27,6 +27,12 @@ used keys. ``run(keys, start, limit)`` = how many consecutive keys from ``start`
 A host copy stays after a reload (the next offload of the session then moves only its new
 blocks), as vLLM's CPU offload keeps its copies.
 
+``pool_hosts(hosts)``: the host tiers of one node's GPUs as one DRAM pool (a node-shared KV
+store, as Mooncake's store or a shared LMCache server keep one; every engine's host tier
+here is otherwise its own): one key table, LRU over the pool, capacity the sum of theirs;
+each GPU keeps its own links, so a block that one GPU stored is loaded by another over the
+loader's link. Counters stay per tier (their sums are the pool's).
+
 ``recompute_s(profile, context_tokens, n_tokens)``: what the alternative to a transfer
 costs, the prefill compute of ``n`` tokens after ``c`` tokens of context, with the FLOPs
 of ``anchorage.sim.costmodel`` (``2 P n + 4 l d n (c + (n + 1) / 2)``) over the devices'
@@ -177,3 +183,17 @@ class HostTier:
             held.move_to_end(keys[n])
             n += 1
         return n - start
+
+
+def pool_hosts(hosts: Sequence[HostTier]) -> None:
+    """Make ``hosts`` (one node's GPUs) one DRAM pool (module specification): they share one
+    key table from now on; what they held before is merged, most recent last."""
+    if not hosts:
+        return
+    pool: OrderedDict[Hashable, None] = OrderedDict()
+    for h in hosts:
+        pool.update(h.keys)
+    cap = sum(h.capacity_blocks for h in hosts)
+    for h in hosts:
+        h.keys = pool
+        h.capacity_blocks = cap

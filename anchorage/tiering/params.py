@@ -24,7 +24,9 @@ session comes back. For ``mode="offload"`` (vLLM's offloading connector,
 ``anchorage.tiering.sim_offload``): ``host_policy`` (``HOST_POLICIES``, default ``lru``:
 what host memory keeps) and ``reload_ahead`` (default False: the temporal gate protecting a
 stalled session's host copy and the just-in-time reload; with ``anchorage`` or
-``oracle`` only).
+``oracle`` only). ``host_scope`` (``HOST_SCOPES``): ``replica`` (default: each replica's
+host tier is its own, as every engine's is today) or ``node`` (the node's GPUs pool their
+host memory: ``anchorage.tiering.host_tier.pool_hosts``; the modes other than ``offload``).
 
 ``TemporalParams.from_env(env)``: the engine's configuration (``ANCHORAGE_HOST_BYTES``,
 required, > 0: the host budget in bytes, the offload connector's ``cpu_bytes_to_use``;
@@ -51,6 +53,7 @@ ENV_LINK_GBS = "ANCHORAGE_HOST_LINK_GBS"
 ENV_WATERMARK = "ANCHORAGE_TEMPORAL_WATERMARK"
 MODES = ("off", "naive", "naive-incremental", "store-all", "temporal", "tokencake", "offload")
 HOST_POLICIES = ("lru", "arc", "anchorage", "oracle")
+HOST_SCOPES = ("replica", "node")
 UNBOUNDED = 1 << 62
 
 
@@ -113,11 +116,15 @@ class TieringConfig(TemporalParams):
     max_sessions: int = UNBOUNDED
     host_policy: str = "lru"
     reload_ahead: bool = False
+    host_scope: str = "replica"
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.mode not in MODES:
             raise ValueError(f"tiering mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.host_scope not in HOST_SCOPES:
+            raise ValueError(f"host_scope must be one of {', '.join(HOST_SCOPES)}, got "
+                             f"{self.host_scope!r}")
         if self.host_policy not in HOST_POLICIES:
             raise ValueError(f"host_policy must be one of {', '.join(HOST_POLICIES)}, got "
                              f"{self.host_policy!r}")

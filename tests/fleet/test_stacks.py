@@ -46,14 +46,17 @@ def test_anchorage_ablations_change_exactly_one_component():
     # the ablations change one component of the stack without the target and the cap
     base = get_stack("anchorage-no-target")
     fields = ("router", "policy", "admission", "tiering", "program_gate", "admission_params",
-              "long_prefill_tokens")
+              "long_prefill_tokens", "tiering_params")
     assert [f for f in fields if getattr(base, f) != getattr(full, f)] == [
         "admission_params", "long_prefill_tokens"]
-    uncapped = get_stack("anchorage-no-prefill-cap")
-    assert [f for f in fields if getattr(uncapped, f) != getattr(full, f)] == [
-        "long_prefill_tokens"]
+    # the variants of the full stack itself
+    of_full = {"anchorage-no-prefill-cap": "long_prefill_tokens",
+               "anchorage-node-host": "tiering_params"}
+    for n, f in of_full.items():
+        assert [g for g in fields if getattr(get_stack(n), g) != getattr(full, g)] == [f], n
+    assert get_stack("anchorage-node-host").tiering_params == {"host_scope": "node"}
     for n in stack_names("ablation"):
-        if n in (base.name, uncapped.name) or not n.startswith("anchorage-"):
+        if n == base.name or n in of_full or not n.startswith("anchorage-"):
             continue
         a = get_stack(n)
         changed = [f for f in fields if getattr(a, f) != getattr(base, f)]

@@ -6,6 +6,7 @@ from anchorage.tiering.host_tier import (
     HostTierConfig,
     Link,
     block_bytes,
+    pool_hosts,
     recompute_s,
 )
 
@@ -36,6 +37,20 @@ def test_host_tier_holds_keys_lru_and_bounded():
     assert h.run(["a", "b", "d"], 1, 3) == 2
     assert h.round_trip_s(2, 3) == pytest.approx(
         h.d2h.duration(200) + h.h2d.duration(300))
+
+
+def test_pooled_host_tiers_share_keys_and_capacity_but_not_links():
+    a = HostTier(HostTierConfig(capacity_bytes=2 * 100), bytes_per_block=100)
+    b = HostTier(HostTierConfig(capacity_bytes=2 * 100), bytes_per_block=100)
+    a.store(["x"])
+    pool_hosts([a, b])
+    assert a.capacity_blocks == b.capacity_blocks == 4
+    assert "x" in b                               # what a held, b now reaches
+    b.store(["y", "z", "w"])
+    assert a.run(["x", "y", "z", "w"], 0, 4) == 4 and a.free_blocks == b.free_blocks == 0
+    a.store(["v"])                                # LRU over the pool: x (refreshed first) goes
+    assert "x" not in b and "v" in b
+    assert a.h2d is not b.h2d and a.d2h is not b.d2h   # each GPU's own link
 
 
 def test_bad_config():
