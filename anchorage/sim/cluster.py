@@ -71,7 +71,7 @@ class TimedConfig:
     warmup_frac: float = 0.0            # with max_sessions: also skip this part of the window
     admission: str = "fcfs"             # replica admission order: "fcfs" | "prefix-aware"
     admission_params: dict | None = None  # prefix-aware: anchorage.policies.admission
-    long_prefill_tokens: int = 0        # cap on a prefill chunk (vLLM's long_prefill_token_threshold)
+    long_prefill_tokens: int = 0        # prefill chunk cap (vLLM long_prefill_token_threshold)
     decode_spans: bool = True           # simulate pure-decode steps as spans (sim.span)
     program_gate: str = "none"          # "none" | "thunderagent" (anchorage.sim.programs)
     program_gate_params: dict | None = None

@@ -10,11 +10,12 @@ and ``waiting`` (FCFS). Each engine step is planned by ``plan_step(now)``:
    prefill), a decoding one gets 1 token. With ``long_prefill_tokens = L > 0`` (vLLM's
    ``long_prefill_token_threshold``) a prefill chunk is at most ``L`` tokens, running or
    newly admitted, in every step that starts with more than one request running or
-   waiting (vLLM: a request alone has nobody to starve); default 0, no cap. A decode needs room for its next token
-   (``BlockPool.grow``); when the pool is out of blocks the *last* running request is
-   preempted (vLLM's recompute preemption: its blocks are freed, its progress dropped, it
-   goes back to the head of ``waiting`` and later re-prefills its prompt plus the tokens
-   it had generated), until the request fits or was itself preempted.
+   waiting (vLLM: a request alone has nobody to starve); default 0, no cap. A decode
+   needs room for its next token (``BlockPool.grow``); when the pool is out of blocks the
+   *last* running request is preempted (vLLM's recompute preemption: its blocks are freed,
+   its progress dropped, it goes back to the head of ``waiting`` and later re-prefills its
+   prompt plus the tokens it had generated), until the request fits or was itself
+   preempted.
 2. If nothing was preempted, waiting requests are admitted in order while the budget
    lasts and ``len(running) < max_num_seqs``: ``BlockPool.allocate`` looks up the prefix
    hit, touches the hit blocks and allocates (and caches) blocks for the whole prompt at

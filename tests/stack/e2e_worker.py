@@ -16,10 +16,12 @@ import urllib.request
 from pathlib import Path
 
 CONFIGS = [("stock", "off", "round_robin", ()), ("anchorage", "hybrid", "agent", ()),
-           # the engines as the fleet benchmark's Anchorage runs them: prefix-aware admission
-           # and a host-memory KV tier (the chart's scheduler and hostTier)
+           # the engines as the fleet benchmark's Anchorage runs them: prefix-aware admission,
+           # a host-memory KV tier and the prefill chunk cap (the chart's scheduler, hostTier
+           # and longPrefillTokens)
            ("anchorage-full", "hybrid", "agent",
-            ("--scheduler", "prefix-aware", "--host-tier-mb", "16", "--long-prefill-tokens", "64"))]
+            ("--scheduler", "prefix-aware", "--host-tier-mb", "16",
+             "--long-prefill-tokens", "64"))]
 # what vLLM itself logs at start: the scheduler class it built, the connector it loaded,
 # the prefill chunk cap among its non-default arguments
 ENGINE_LOG_LINES = ("PrefixAwareScheduler", "AnchorageOffloadingConnector",

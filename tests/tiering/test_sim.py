@@ -157,7 +157,8 @@ def test_a_node_pool_of_host_memory_serves_a_session_on_another_replica():
     assert pooled["host_hit_blocks"] > own["host_hit_blocks"]
     assert pooled["recomputed_tokens"] < own["recomputed_tokens"]
     for r in (own, pooled):
-        assert r["prefill_tokens"] == r["hit_tokens"] + r["host_hit_tokens"] + r["recomputed_tokens"]
+        assert (r["prefill_tokens"]
+                == r["hit_tokens"] + r["host_hit_tokens"] + r["recomputed_tokens"])
     with pytest.raises(ValueError, match="host_scope"):
         TieringConfig(host_scope="rack")
     with pytest.raises(ValueError, match="host_scope 'node'"):
