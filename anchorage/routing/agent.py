@@ -193,10 +193,13 @@ class AgentRouter(Router):
 
     # -- load bookkeeping (scaled: every load decays by the same factor) -------------
     def _scale(self, now: float) -> float:
-        """2^((now - epoch) / half_life); rebases the epoch when it grows large."""
+        """2^((now - epoch) / half_life); rebases the epoch when it grows large. A ``now``
+        before the epoch (a context stamped on another clock) counts as the epoch: loads
+        never grow backwards in time, and 2^x cannot underflow to 0 (a division by zero
+        once the clocks were more than ~1,074 half-lives apart)."""
         if self._epoch is None:
             self._epoch = now
-        x = (now - self._epoch) / self.half_life_s
+        x = max(0.0, (now - self._epoch) / self.half_life_s)
         if x > _REBASE_HALF_LIVES:
             f = 2.0 ** -x
             put = self.agents.replace

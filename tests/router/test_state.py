@@ -1,6 +1,7 @@
 """The shared routing state without Ray: admission, ejection, readmission, metrics."""
 
 import asyncio
+import time
 
 import httpx
 import pytest
@@ -248,13 +249,15 @@ def test_decisions_shared_between_router_processes_reach_the_policy():
             self.exchange = type("M", (), {"remote": staticmethod(log.exchange)})()
     a, b = state(policy="agent"), state(policy="agent")
     sa, sb = PeerSync(a, Direct(), "a", 0.05), PeerSync(b, Direct(), "b", 0.05)
-    c = RequestContext(request_id=1, keys=[1, 2, 3, 4, 5], input_length=80, session_id="s")
+    # stamped on the clock the router's core uses (time.monotonic), as decoded peer decisions are
+    c = RequestContext(request_id=1, keys=[1, 2, 3, 4, 5], input_length=80, session_id="s",
+                       now_s=time.monotonic())
     home = a.pick(c)["replica"]
     asyncio.run(sa.exchange_once())
     asyncio.run(sb.exchange_once())
     assert sb.applied == 1
     assert b.snapshot()[home]["peer_inflight"] == 1         # a's request is in flight there
     again = RequestContext(request_id=2, keys=[1, 2, 3, 4, 5, 6], input_length=96,
-                           session_id="s")
+                           session_id="s", now_s=time.monotonic())
     assert b.pick(again)["replica"] == home                  # b follows a's thread binding
     assert b.metrics_text().count(b"anchorage_router_peer_staleness_seconds_count 1.0") == 1

@@ -187,3 +187,15 @@ def test_a_tiered_home_still_sheds_a_short_thread_when_its_queue_is_far_longer()
     for v in reps:
         v.host_tier = True
     assert route(r, req(1, "s", 1), reps) != home
+
+
+def test_a_context_on_another_clock_does_not_break_the_router():
+    """A context stamped far before the router's load epoch (another clock: a peer decision
+    on time.monotonic after hours of uptime, then a context at 0) is routed like one at the
+    epoch: no ZeroDivisionError (2^-x underflowed to 0 past ~1,074 half-lives), and the
+    session still sticks to its replica."""
+    r = make_router("agent")
+    reps = views(4)
+    home = route(r, ctx([1, 2, 3, 4, 5], session="s", now=70_000.0), reps)   # 19 h of uptime
+    assert route(r, ctx([1, 2, 3, 4, 5, 6], session="s", now=0.0), reps) == home
+    assert route(r, ctx([9, 8, 7, 6, 5], session="t", now=-1e9), reps) in range(4)
