@@ -125,6 +125,8 @@ class TieringConfig(TemporalParams):
         if self.host_scope not in HOST_SCOPES:
             raise ValueError(f"host_scope must be one of {', '.join(HOST_SCOPES)}, got "
                              f"{self.host_scope!r}")
+        if self.host_scope != "replica" and self.mode == "offload":
+            raise ValueError("host_scope 'node' needs a tiering mode other than 'offload'")
         if self.host_policy not in HOST_POLICIES:
             raise ValueError(f"host_policy must be one of {', '.join(HOST_POLICIES)}, got "
                              f"{self.host_policy!r}")

@@ -111,9 +111,6 @@ def simulate_tiered(records, contexts, cfg, policy: str, router: str = "session"
     offload = tiering.mode == "offload"
     h = tiering.host
 
-    if offload and tiering.host_scope != "replica":
-        raise ValueError("host_scope 'node' needs a tiering mode other than 'offload'")
-
     def attach(sim) -> None:
         links = None
         for i, rep in enumerate(sim.replicas):
