@@ -27,11 +27,14 @@ used keys. ``run(keys, start, limit)`` = how many consecutive keys from ``start`
 A host copy stays after a reload (the next offload of the session then moves only its new
 blocks), as vLLM's CPU offload keeps its copies.
 
-``pool_hosts(hosts)``: the host tiers of one node's GPUs as one DRAM pool (a node-shared KV
-store, as Mooncake's store or a shared LMCache server keep one; every engine's host tier
-here is otherwise its own): one key table, LRU over the pool, capacity the sum of theirs;
-each GPU keeps its own links, so a block that one GPU stored is loaded by another over the
-loader's link. Counters stay per tier (their sums are the pool's).
+``share_hosts(hosts)``: the host tiers of one node's GPUs read one another (the engine's node
+pool, ``anchorage.node_agent.offload.node_pool``): each keeps its own capacity, LRU order
+and links; ``run`` continues a prefix with keys a peer holds (the loader's own link; a
+peer's key is not refreshed: its owner's order decides when it goes), and ``store`` skips
+keys a peer holds (one copy per node: a session another GPU stored is not copied again).
+``pool_hosts(hosts)``: the host tiers as one DRAM pool (a reference: one key table, LRU
+over the pool, capacity the sum of theirs, each GPU its own links): what one allocator for
+the whole node would add over ``share_hosts``. Counters stay per tier.
 
 ``recompute_s(profile, context_tokens, n_tokens)``: what the alternative to a transfer
 costs, the prefill compute of ``n`` tokens after ``c`` tokens of context, with the FLOPs
@@ -146,6 +149,7 @@ class HostTier:
         self.d2h, self.h2d = links  # shared by the replicas behind one host link
         self.stored_blocks = 0
         self.dropped_blocks = 0
+        self.peers: tuple[HostTier, ...] = ()  # the node's other tiers (share_hosts)
 
     @property
     def free_blocks(self) -> int:
@@ -153,6 +157,10 @@ class HostTier:
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self.keys
+
+    def held(self, key: Hashable) -> bool:
+        """In this tier or a peer's (``share_hosts``)."""
+        return key in self.keys or any(key in p.keys for p in self.peers)
 
     def round_trip_s(self, blocks_out: int, blocks_in: int) -> float:
         """Time to move ``blocks_out`` to host and ``blocks_in`` back, links idle."""
@@ -163,10 +171,13 @@ class HostTier:
         """Hold ``keys`` (a completed offload); the least recently used keys make room."""
         held = self.keys
         cap = self.capacity_blocks
+        peers = self.peers
         for k in keys:
             if k in held:
                 held.move_to_end(k)
                 continue
+            if peers and any(k in p.keys for p in peers):
+                continue  # one copy per node
             if cap <= 0:
                 return
             while len(held) >= cap:
@@ -178,11 +189,22 @@ class HostTier:
     def run(self, keys: Sequence[Hashable], start: int, limit: int) -> int:
         """Consecutive keys from ``start`` (up to ``limit``) held here; refreshes them."""
         held = self.keys
+        peers = self.peers
         n = start
-        while n < limit and keys[n] in held:
-            held.move_to_end(keys[n])
+        while n < limit:
+            k = keys[n]
+            if k in held:
+                held.move_to_end(k)
+            elif not (peers and any(k in p.keys for p in peers)):
+                break
             n += 1
         return n - start
+
+
+def share_hosts(hosts: Sequence[HostTier]) -> None:
+    """Make ``hosts`` (one node's GPUs) read one another (module specification)."""
+    for h in hosts:
+        h.peers = tuple(p for p in hosts if p is not h)
 
 
 def pool_hosts(hosts: Sequence[HostTier]) -> None:

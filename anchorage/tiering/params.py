@@ -25,8 +25,11 @@ session comes back. For ``mode="offload"`` (vLLM's offloading connector,
 what host memory keeps) and ``reload_ahead`` (default False: the temporal gate protecting a
 stalled session's host copy and the just-in-time reload; with ``anchorage`` or
 ``oracle`` only). ``host_scope`` (``HOST_SCOPES``): ``replica`` (default: each replica's
-host tier is its own, as every engine's is today) or ``node`` (the node's GPUs pool their
-host memory: ``anchorage.tiering.host_tier.pool_hosts``; the modes other than ``offload``).
+host tier is its own), ``node`` (each replica's tier is its own and read by the node's
+other replicas, one copy per node: the engine's node pool,
+``anchorage.tiering.host_tier.share_hosts``) or ``pooled`` (one allocator over the node's
+host memory: ``host_tier.pool_hosts``, a reference); the scopes other than ``replica`` need
+a mode other than ``offload``.
 
 ``TemporalParams.from_env(env)``: the engine's configuration (``ANCHORAGE_HOST_BYTES``,
 required, > 0: the host budget in bytes, the offload connector's ``cpu_bytes_to_use``;
@@ -53,7 +56,7 @@ ENV_LINK_GBS = "ANCHORAGE_HOST_LINK_GBS"
 ENV_WATERMARK = "ANCHORAGE_TEMPORAL_WATERMARK"
 MODES = ("off", "naive", "naive-incremental", "store-all", "temporal", "tokencake", "offload")
 HOST_POLICIES = ("lru", "arc", "anchorage", "oracle")
-HOST_SCOPES = ("replica", "node")
+HOST_SCOPES = ("replica", "node", "pooled")
 UNBOUNDED = 1 << 62
 
 
@@ -126,7 +129,8 @@ class TieringConfig(TemporalParams):
             raise ValueError(f"host_scope must be one of {', '.join(HOST_SCOPES)}, got "
                              f"{self.host_scope!r}")
         if self.host_scope != "replica" and self.mode == "offload":
-            raise ValueError("host_scope 'node' needs a tiering mode other than 'offload'")
+            raise ValueError(f"host_scope {self.host_scope!r} needs a tiering mode other than "
+                             "'offload'")
         if self.host_policy not in HOST_POLICIES:
             raise ValueError(f"host_policy must be one of {', '.join(HOST_POLICIES)}, got "
                              f"{self.host_policy!r}")

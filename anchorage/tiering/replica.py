@@ -295,8 +295,8 @@ class SimTiering:
         n_gpu = self._gpu_run(st.keys)
         if n_gpu == 0:
             return
-        host = self.host.keys
-        n_new = sum(1 for k in st.keys[:n_gpu] if k not in host)
+        held = self.host.held  # this tier's or, with a node scope, a peer's
+        n_new = sum(1 for k in st.keys[:n_gpu] if not held(k))
         if self.mode == "naive":  # a swap-out of the whole context, every stall
             self._offload(st, n_gpu, n_gpu, now)
             return
@@ -332,8 +332,8 @@ class SimTiering:
         n_gpu = self._gpu_run(st.keys)
         if n_gpu == 0:
             return
-        host = self.host.keys
-        n_new = sum(1 for k in st.keys[:n_gpu] if k not in host)
+        held = self.host.held  # this tier's or, with a node scope, a peer's
+        n_new = sum(1 for k in st.keys[:n_gpu] if not held(k))
         if n_new == 0:
             self.host.store(st.keys[:n_gpu])  # refresh their recency
             return

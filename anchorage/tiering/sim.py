@@ -19,9 +19,10 @@ stores, loads at admission, ``host_policy`` choosing what host memory keeps,
 policy (``offload``: a ``SimOffload``, the policy unwrapped); the pooled router is refused
 (tiering needs one pool per replica).
 
-``TieringConfig.host_scope = "node"``: the replicas' host tiers are one node's DRAM pool
-(``host_tier.pool_hosts``: one key table and capacity, each replica's own links), so a
-session that moves to another replica reloads its history instead of recomputing it.
+``TieringConfig.host_scope = "node"``: the replicas are one node's GPUs whose host tiers
+read one another (``host_tier.share_hosts``: the engine's node pool; ``pooled``: one key
+table and capacity, ``host_tier.pool_hosts``), so a session that moves to another replica
+reloads its history instead of recomputing it.
 
 Reported (``run_tiered``): everything ``run_timed`` reports plus ``tiering`` (mode and
 parameters), ``host_hit_rate`` / ``host_hit_blocks`` / ``host_hit_tokens`` (prefix blocks
@@ -41,7 +42,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from anchorage.tiering.eviction import TieredEviction
-from anchorage.tiering.host_tier import pool_hosts
+from anchorage.tiering.host_tier import pool_hosts, share_hosts
 from anchorage.tiering.params import MODES, TieringConfig
 from anchorage.tiering.replica import SimTiering, agent_of
 from anchorage.tiering.sim_offload import SimOffload
@@ -119,6 +120,8 @@ def simulate_tiered(records, contexts, cfg, policy: str, router: str = "session"
             rep.tiering = (SimOffload if offload else SimTiering)(rep, tiering, tool_stop, links)
             ctl.append(rep.tiering)
         if tiering.host_scope == "node":   # the simulated replicas are one node's GPUs
+            share_hosts([c.host for c in ctl])
+        elif tiering.host_scope == "pooled":
             pool_hosts([c.host for c in ctl])
         for v in sim.views:   # what the router sees: evicted KV is kept in host memory
             v.host_tier = True

@@ -25,7 +25,12 @@ optional; an unknown key is an error naming it):
   controller's transfer estimates;
 - ``state_dir`` (string, default ``ANCHORAGE_STATE_DIR`` or ``/tmp/anchorage``): where the
   host tier's snapshot (``host_tier.json``) goes for the sidecar;
-- ``snapshot_interval_s`` (number > 0, default 0.5).
+- ``snapshot_interval_s`` (number > 0, default 0.5);
+- ``node_pool_dir`` (string, default none: off): the node pool's directory, shared by the
+  node's engines (a tmpfs; ``anchorage.node_agent.offload.node_pool``): this engine's host
+  tier lives there and the node's other engines (same model and KV layout) read it, as it
+  reads theirs. Works with Anchorage's spec only (its CPU transfer worker then runs on every
+  platform); a directory that cannot be created or written stops the engine, naming it.
 
 With ``AnchorageOffloadingConnector``, vLLM's ``kv_load_failure_policy`` must be
 ``recompute`` (a failed load is then recomputed and the request completes).
@@ -54,6 +59,7 @@ class OffloadConfig:
     link_gbs: float = 25.0
     state_dir: str | None = None
     snapshot_interval_s: float = 0.5
+    node_pool_dir: str | None = None
     cpu_bytes_to_use: int = 0
 
     @property
@@ -96,11 +102,12 @@ class OffloadConfig:
                 raise HostTierConfigError(f"{FIELD}.anchorage.{k} must be a number > 0, "
                                           f"got {v!r}")
             out[k] = float(v)
-        if "state_dir" in raw and raw["state_dir"] is not None:
-            if not isinstance(raw["state_dir"], str) or not raw["state_dir"]:
-                raise HostTierConfigError(f"{FIELD}.anchorage.state_dir must be a non-empty "
-                                          f"string, got {raw['state_dir']!r}")
-            out["state_dir"] = raw["state_dir"]
+        for k in ("state_dir", "node_pool_dir"):
+            if k in raw and raw[k] is not None:
+                if not isinstance(raw[k], str) or not raw[k]:
+                    raise HostTierConfigError(f"{FIELD}.anchorage.{k} must be a non-empty "
+                                              f"string, got {raw[k]!r}")
+                out[k] = raw[k]
         return cls(**out)
 
 

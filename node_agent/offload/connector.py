@@ -24,7 +24,8 @@ Scheduler side (``anchorage.node_agent.offload.tracker.HostTierTracker``):
   chunks' last block hashes, per offloaded group);
 - ``update_connector_output``: vLLM's transfer statistics (bytes each way) and the
   worker's failures (``AnchorageWorkerMetadata``); chunks whose store failed are demoted in
-  the host policy;
+  the host policy and, with the node pool, never published to the node's other engines
+  (held back before vLLM completes the store);
 - the snapshot (``host_tier.json`` in the state directory) every ``snapshot_interval_s``.
 
 Worker side: with the CPU transfer worker, ``get_block_ids_with_load_errors`` reports the
@@ -65,6 +66,7 @@ from anchorage.node_agent.offload.config import (
     anchorage_enabled,
 )
 from anchorage.node_agent.offload.policy import AnchorageCachePolicy
+from anchorage.node_agent.offload.pool_manager import NodePoolManager
 from anchorage.node_agent.offload.tracker import HostTierTracker
 from anchorage.node_agent.offload.worker import TorchCopyWorker
 from anchorage.node_agent.request_context import anchorage_args, policy_clock
@@ -268,8 +270,12 @@ class AnchorageOffloadingConnector(OffloadingConnector):
         return meta
 
     def update_connector_output(self, connector_output) -> None:
-        super().update_connector_output(connector_output)
         meta = connector_output.kv_connector_worker_meta
+        if isinstance(meta, AnchorageWorkerMetadata) and meta.failed_chunks:
+            mgr = self.connector_scheduler.manager if self.connector_scheduler else None
+            if isinstance(mgr, NodePoolManager):  # before vLLM completes (publishes) them
+                mgr.hold_back(meta.failed_chunks)
+        super().update_connector_output(connector_output)
         if not isinstance(meta, OffloadingWorkerMetadata):
             return
         if isinstance(meta, AnchorageWorkerMetadata):

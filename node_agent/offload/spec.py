@@ -7,17 +7,57 @@ it is vLLM's own. Loaded out of tree by ``spec_name: AnchorageOffloadingSpec`` a
 
 The configuration (``anchorage.node_agent.offload.config``) is checked when the spec is
 built, in every engine process: a bad value is an error naming the field.
+
+With ``node_pool_dir`` (the node pool, ``anchorage.node_agent.offload.node_pool``): the
+scheduler side's manager is ``NodePoolManager`` (vLLM's manager with the same arguments,
+publishing to and reading from the pool's index) and the transfer worker is the CPU copy
+worker on every platform, its host buffers this engine's file in the pool directory.
 """
 
 from __future__ import annotations
 
 from vllm.platforms import current_platform
-from vllm.v1.kv_offload.base import CanonicalKVCaches, OffloadingWorker
+from vllm.v1.kv_offload.base import CanonicalKVCaches, OffloadingManager, OffloadingWorker
 from vllm.v1.kv_offload.config import OffloadingConfig
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
 from anchorage.node_agent.offload.config import OffloadConfig
 from anchorage.node_agent.offload.worker import TorchCopyWorker
+
+
+def safe_id(engine_id: str) -> str:
+    """The engine id as a file name (other characters replaced by its digest)."""
+    import hashlib
+    import re
+
+    if re.fullmatch(r"[A-Za-z0-9._-]{1,100}", engine_id) and not engine_id.startswith("."):
+        return engine_id
+    return hashlib.sha256(engine_id.encode()).hexdigest()[:32]
+
+
+def pool_fingerprint(config: OffloadingConfig) -> str:
+    """What two engines must share for their chunks to be interchangeable: the model and
+    its KV layout, the chunking, the parallel layout and vLLM's block-hash seed."""
+    from anchorage.node_agent.offload.node_pool import fingerprint
+
+    try:
+        from vllm.v1.core.kv_cache_utils import get_none_hash_seed
+
+        seed = get_none_hash_seed()
+    except Exception:  # noqa: BLE001 - not initialised: the environment decides
+        import os
+
+        seed = os.environ.get("PYTHONHASHSEED")
+    p = config.parallel
+    return fingerprint({
+        "model": config.model.name, "dtype": config.model.dtype,
+        "groups": [(g.tokens_per_block, list(g.layer_names)) for g in config.groups],
+        "bytes_per_block": config.worker_kv_bytes_per_block,
+        "tokens_per_hash": config.cache.tokens_per_hash,
+        "blocks_per_chunk": config.cache.blocks_per_chunk,
+        "parallel": [p.world_size, p.tp_size, p.pp_size, p.pcp_size, p.dcp_size],
+        "layout": [config.kv_cache_layout, config.replicated_layout, config.canonical_layout],
+        "hash_seed": seed})
 
 
 def has_device_copy() -> bool:
@@ -35,10 +75,37 @@ class AnchorageOffloadingSpec(CPUOffloadingSpec):
         """Host memory the chunks take (at most ``cpu_bytes_to_use``)."""
         return self.num_chunks * self.kv_bytes_per_chunk
 
+    def get_manager(self) -> OffloadingManager:
+        pool_dir = self.anchorage.node_pool_dir
+        if pool_dir is None or self._manager is not None:
+            return super().get_manager()
+        from anchorage.node_agent.offload.node_pool import PoolIndex
+        from anchorage.node_agent.offload.pool_manager import NodePoolManager
+
+        index = PoolIndex(pool_dir, safe_id(self.config.engine_id),
+                          pool_fingerprint(self.config), self.num_chunks)
+        self._manager = NodePoolManager(
+            index, num_chunks=self.num_chunks, cache_policy=self.eviction_policy,
+            cache_policy_module_path=self.cache_policy_module_path,
+            enable_events=self.kv_events_config.enable_kv_cache_events,
+            store_threshold=int(self.extra_config.get("store_threshold", 0)),
+            max_tracker_size=int(self.extra_config.get("max_tracker_size", 64_000)))
+        return self._manager
+
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
-        if has_device_copy():
+        pool_dir = self.anchorage.node_pool_dir
+        if has_device_copy() and pool_dir is None:
             return super().get_worker(kv_caches)
         if self._worker is None:
+            pool = None
+            if pool_dir is not None:
+                from anchorage.node_agent.offload.node_pool import PoolData
+
+                pool = PoolData(pool_dir, safe_id(self.config.engine_id),
+                                self.config.parallel.rank,
+                                [int(t.page_size_bytes) for t in kv_caches.tensors],
+                                self.blocks_per_chunk, self.num_chunks)
             self._worker = TorchCopyWorker(kv_caches, self.blocks_per_chunk, self.num_chunks,
-                                           timeout_s=self.anchorage.transfer_timeout_s)
+                                           timeout_s=self.anchorage.transfer_timeout_s,
+                                           pool=pool)
         return self._worker

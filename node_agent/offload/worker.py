@@ -22,6 +22,14 @@ reported finished by the next ``get_finished``, in submission order). ``transfer
 the bytes copied, ``transfer_time`` the copy's wall time: vLLM's own
 ``vllm:kv_offload_*`` transfer counters see real bytes.
 
+Node pool (``anchorage.node_agent.offload.node_pool``; ``pool`` given): the host buffers
+are this engine's file in the pool directory (``PoolData``), and a load whose host spec is a
+``NodeLoadStoreSpec`` reads each chunk from its owner's buffers (this engine's or a peer's,
+mapped read-only); a peer's chunk whose version is not the one the scheduler side saw, before
+or after the copy, or a peer that is gone, fails the load (``peer_stale``; recomputed). On a
+device other than the CPU, every copy goes through the CPU (``.to``; synchronous, pageable:
+unmeasured on GPUs).
+
 Failures (never an exception into the engine): a copy that raises, or that takes longer
 than ``timeout_s`` (default: none), fails. vLLM's connector treats every finished job as a
 success, so a failure is recorded here instead:
@@ -34,7 +42,8 @@ success, so a failure is recorded here instead:
 - a later successful store to a bad chunk makes it good again.
 
 Counters (``counts``): ``stores``, ``loads``, ``store_failures``, ``load_failures``,
-``timeouts``, ``bytes_d2h``, ``bytes_h2d``; ``failed_chunks()`` drains the chunks that went
+``timeouts``, ``bytes_d2h``, ``bytes_h2d``, ``peer_loads`` / ``peer_blocks`` (loads that read
+a peer's chunks, and those blocks), ``peer_stale``; ``failed_chunks()`` drains the chunks that went
 bad since the last call (the scheduler side demotes them in the host policy),
 ``failed_loads()`` the failed load jobs (the scheduler side then recomputes their request
 instead of loading it again: vLLM retries a failed request's lookup).
@@ -50,6 +59,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 from vllm.v1.kv_offload.base import (
     BlockIDsLoadStoreSpec,
     CanonicalKVCaches,
@@ -60,6 +70,22 @@ from vllm.v1.kv_offload.base import (
 )
 
 log = logging.getLogger("anchorage.node_agent.offload")
+
+
+class NodeLoadStoreSpec(CPULoadStoreSpec):
+    """A host spec whose chunks may be a peer's (the node pool): ``owners[i]`` is -1 (this
+    engine) or an index into ``peers`` (engine ids); ``versions[i]``, the version of a
+    peer's chunk the scheduler side saw."""
+
+    def __init__(self, block_ids, owners, versions, peers):
+        super().__init__(block_ids)
+        self.owners = np.asarray(owners, dtype=np.int32)
+        self.versions = np.asarray(versions, dtype=np.uint64)
+        self.peers = tuple(peers)
+
+
+class StaleChunk(Exception):
+    """A peer's chunk changed (or its engine is gone) around a load."""
 
 
 def sub_blocks(ids: np.ndarray, per_chunk: int, skip: int, count: int) -> torch.Tensor:
@@ -77,18 +103,22 @@ class TorchCopyWorker(OffloadingWorker):
     """``OffloadingWorker`` for the CPU build (the module's specification)."""
 
     def __init__(self, kv_caches: CanonicalKVCaches, blocks_per_chunk: int,
-                 num_chunks: int, timeout_s: float | None = None):
+                 num_chunks: int, timeout_s: float | None = None, pool=None):
         self.bpc = int(blocks_per_chunk)
         self.num_chunks = int(num_chunks)
         self.timeout_s = timeout_s
         self.refs = kv_caches.group_data_refs
+        self.pool = pool  # node_pool.PoolData, or None
         self.device: list[torch.Tensor] = []
         self.host: list[torch.Tensor] = []  # (num_chunks * bpc, page) views of the buffers
         self.host_bytes = 0
-        for t in kv_caches.tensors:
+        for i, t in enumerate(kv_caches.tensors):
             page = int(t.page_size_bytes)
             self.device.append(t.tensor.view(torch.int8).view(-1, page))
-            buf = torch.zeros((self.num_chunks, page * self.bpc), dtype=torch.int8)
+            if pool is not None:
+                buf = pool.buffers[i]
+            else:
+                buf = torch.zeros((self.num_chunks, page * self.bpc), dtype=torch.int8)
             self.host_bytes += buf.numel()
             self.host.append(buf.view(self.num_chunks * self.bpc, page))
         self.counts: Counter = Counter()
@@ -109,6 +139,10 @@ class TorchCopyWorker(OffloadingWorker):
         src_per, dst_per = (1, self.bpc) if to_host else (self.bpc, 1)
         src_t, dst_t = (self.device, self.host) if to_host else (self.host, self.device)
         src_ids, dst_ids = src_spec.block_ids, dst_spec.block_ids
+        owners = None
+        if not to_host and isinstance(src_spec, NodeLoadStoreSpec) and (
+                src_spec.owners >= 0).any():
+            owners, sources = src_spec.owners, self._sources(src_spec)
         so = do = 0
         nbytes = 0
         for g, (size, first) in enumerate(zip(gpu_spec.group_sizes, gpu_spec.block_indices)):
@@ -118,24 +152,59 @@ class TorchCopyWorker(OffloadingWorker):
             sn, dn = -(-(size + ss) // src_per), -(-(size + ds) // dst_per)
             sidx = sub_blocks(src_ids[so:so + sn], src_per, ss, size)
             didx = sub_blocks(dst_ids[do:do + dn], dst_per, ds, size)
+            parts = [(src_t, sidx, didx)]
+            if owners is not None:  # the node pool: each chunk from its owner's buffers
+                pos = sub_blocks(np.arange(so, so + sn), src_per, ss, size).numpy() // src_per
+                own = owners[pos]
+                parts = []
+                for o in np.unique(own).tolist():
+                    m = torch.from_numpy(own == o)
+                    parts.append((src_t if o < 0 else sources[o], sidx[m], didx[m]))
             so, do = so + sn, do + dn
             for ref in self.refs[g]:
                 n = int(ref.page_size_bytes)
-                src, dst = src_t[ref.tensor_idx], dst_t[ref.tensor_idx]
-                if n == src.shape[1] == dst.shape[1]:
-                    dst.index_copy_(0, didx, src.index_select(0, sidx))
-                else:
-                    dst[:, :n].index_copy_(0, didx, src[:, :n].index_select(0, sidx))
+                for tensors, si, di in parts:
+                    src, dst = tensors[ref.tensor_idx], dst_t[ref.tensor_idx]
+                    rows = src[:, :n] if n != src.shape[1] else src
+                    block = rows.index_select(0, si.to(src.device)).to(dst.device)
+                    target = dst[:, :n] if n != dst.shape[1] else dst
+                    target.index_copy_(0, di.to(dst.device), block)
                 nbytes += n * size
         if so != len(src_ids) or do != len(dst_ids):
             raise ValueError(f"transfer spec mismatch: {so}/{len(src_ids)} source and "
                              f"{do}/{len(dst_ids)} destination blocks used")
+        if owners is not None:
+            self._check_versions(src_spec)
+            self.counts["peer_loads"] += 1
+            self.counts["peer_blocks"] += int((owners >= 0).sum()) * self.bpc
         return nbytes
+
+    def _sources(self, spec: NodeLoadStoreSpec) -> list[list[torch.Tensor]]:
+        """Each peer's buffers, after checking the versions the scheduler side saw."""
+        if self.pool is None:
+            raise StaleChunk("a peer's chunk without a node pool")
+        out = []
+        for eid in spec.peers:
+            got = self.pool.peer(eid)
+            if got is None:
+                raise StaleChunk(f"node pool peer {eid} is gone")
+            out.append(got[0])
+        self._check_versions(spec)
+        return out
+
+    def _check_versions(self, spec: NodeLoadStoreSpec) -> None:
+        for i in np.nonzero(spec.owners >= 0)[0].tolist():
+            eid = spec.peers[int(spec.owners[i])]
+            got = self.pool.peer(eid)
+            if got is None or int(got[1][int(spec.block_ids[i])]) != int(spec.versions[i]):
+                raise StaleChunk(f"node pool peer {eid}'s chunk changed")
 
     def _run(self, job_id: int, src: LoadStoreSpec, dst: LoadStoreSpec, to_host: bool) -> None:
         assert isinstance(src, BlockIDsLoadStoreSpec) and isinstance(dst, BlockIDsLoadStoreSpec)
         host_spec = dst if to_host else src
         chunks = [int(c) for c in host_spec.block_ids]
+        if isinstance(host_spec, NodeLoadStoreSpec):  # a peer's chunk ids are not ours
+            chunks = [c for c, o in zip(chunks, host_spec.owners.tolist()) if o < 0]
         t0 = time.perf_counter()
         nbytes, why = 0, None
         if not to_host and self.bad_chunks.intersection(chunks):
@@ -143,6 +212,11 @@ class TorchCopyWorker(OffloadingWorker):
         else:
             try:
                 nbytes = self._copy(src, dst, to_host)
+            except StaleChunk as exc:
+                why = "stale"
+                self.counts["peer_stale"] += 1
+                log.debug("anchorage: KV load job %d: %s; the blocks are recomputed", job_id,
+                          exc)
             except Exception:  # noqa: BLE001 - a failed copy falls back to recomputation
                 why = "error"
                 log.warning("anchorage: KV %s job %d failed; %s", "store" if to_host else
@@ -204,3 +278,5 @@ class TorchCopyWorker(OffloadingWorker):
     def shutdown(self) -> None:
         self.device.clear()
         self.host.clear()
+        if self.pool is not None:
+            self.pool.close()

@@ -51,10 +51,12 @@ def test_anchorage_ablations_change_exactly_one_component():
         "admission_params", "long_prefill_tokens"]
     # the variants of the full stack itself
     of_full = {"anchorage-no-prefill-cap": "long_prefill_tokens",
-               "anchorage-node-host": "tiering_params"}
+               "anchorage-node-host": "tiering_params",
+               "anchorage-node-pooled": "tiering_params"}
     for n, f in of_full.items():
         assert [g for g in fields if getattr(get_stack(n), g) != getattr(full, g)] == [f], n
     assert get_stack("anchorage-node-host").tiering_params == {"host_scope": "node"}
+    assert get_stack("anchorage-node-pooled").tiering_params == {"host_scope": "pooled"}
     for n in stack_names("ablation"):
         if n == base.name or n in of_full or not n.startswith("anchorage-"):
             continue

@@ -68,7 +68,8 @@ class Driver:
     """One engine, requests one at a time (or a batch), vLLM's own counters."""
 
     def __init__(self, ktc: dict[str, Any], *, blocks: int = 40, events: bool = False,
-                 policy_env: str | None = "lru", max_num_seqs: int = 4):
+                 policy_env: str | None = "lru", max_num_seqs: int = 4,
+                 model_dir: str | None = None):
         from anchorage.node_agent import request_context
         from anchorage.node_agent.tiny_engine import tiny_engine
 
@@ -80,7 +81,8 @@ class Driver:
             kw["kv_events_config"] = {"enable_kv_cache_events": True, "publisher": "null"}
         env = {"ANCHORAGE_POLICY": policy_env} if policy_env else {}
         self.eng = tiny_engine(blocks=blocks, max_model_len=1024, max_num_seqs=max_num_seqs,
-                               env=env, register_plugin=bool(policy_env), **kw)
+                               env=env, register_plugin=bool(policy_env),
+                               model_dir=model_dir, **kw)
         self.llm = self.eng.llm
         if events:
             batches = self.batches
@@ -124,7 +126,8 @@ class Driver:
         return out
 
     def run(self, prompts: list[tuple[list[int], str | None, str | None]],
-            max_tokens: int = 1, step_s: float = 0.01) -> list[dict[str, Any]]:
+            max_tokens: int = 1, step_s: float = 0.01,
+            salt: str | None = None) -> list[dict[str, Any]]:
         """Submit (prompt, session, tool) requests together and step until all finish."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -137,7 +140,10 @@ class Driver:
                                 extra_args=xa)
             rid = f"r{self.n}"
             self.n += 1
-            e.add_request(rid, TokensPrompt(prompt_token_ids=prompt), sp, session_id=sid)
+            tp = TokensPrompt(prompt_token_ids=prompt)
+            if salt is not None:
+                tp["cache_salt"] = salt
+            e.add_request(rid, tp, sp, session_id=sid)
             rids.append(rid)
             reqs = self.scheduler.requests
             inner = rid if rid in reqs else next(k for k in reqs if k.startswith(rid + "-"))
@@ -151,8 +157,8 @@ class Driver:
             self.clock.t += step_s
         return [out[r] for r in rids]
 
-    def one(self, prompt, sid=None, tool=None, max_tokens=1) -> dict[str, Any]:
-        out = self.run([(prompt, sid, tool)], max_tokens)[0]
+    def one(self, prompt, sid=None, tool=None, max_tokens=1, salt=None) -> dict[str, Any]:
+        out = self.run([(prompt, sid, tool)], max_tokens, salt=salt)[0]
         out["rid"] = f"r{self.n - 1}"
         return out
 
@@ -418,7 +424,67 @@ def parity(records: list[dict], host_chunks: int, policy: str = "anchorage",
             "used_chunks": view["used_chunks"], "block_bytes": view["chunk_bytes"]}
 
 
-SCENARIOS = {"stall_reload": stall_reload, "flood": flood, "events": events,
+def _published(d: Driver) -> int:
+    v = d.connector.connector_scheduler.manager.index.versions
+    return int(((v % 2 == 0) & (v > 0)).sum())
+
+
+def pool_owner(pool_dir: str, model_dir: str, **_: Any) -> dict[str, Any]:
+    """Engine A of a node pool: session a's first turn (stored in A's host tier and
+    published), then it prints ``READY {...}`` and keeps serving nothing until its stdin
+    closes (its host tier stays readable)."""
+    d = Driver(ktc(8 << 20, anchorage={"node_pool_dir": pool_dir}), model_dir=model_dir)
+    a = prompt(1, 20)
+    out = d.one(a, "a", max_tokens=4)
+    digests = d.block_digests(out["rid"], 20)
+    for k in range(20):  # steps the engine until the turn's stores completed
+        if _published(d) >= 20:
+            break
+        d.one(prompt(60 + k, 1), f"z{k}")
+    res = {"tokens": out["tokens"], "digests": digests, "published": _published(d),
+           "files": sorted(os.listdir(pool_dir)),
+           "store_bytes": d.counters().get("vllm:kv_offload_store_bytes", 0.0)}
+    sys.stdout.write("READY " + json.dumps(res) + "\n")
+    sys.stdout.flush()
+    sys.stdin.readline()
+    return res
+
+
+def pool_reader(pool_dir: str, model_dir: str, **_: Any) -> dict[str, Any]:
+    """Engine B of the node pool: session a's second turn lands here; its history is in A's
+    host tier. Then the same prompt under another cache salt (another tenant: no sharing),
+    which B computes: the control for the KV B loaded."""
+    d = Driver(ktc(8 << 20, anchorage={"node_pool_dir": pool_dir}), model_dir=model_dir)
+    a2 = prompt(1, 20) + prompt(2, 2)
+    c0 = d.counters()
+    back = d.one(a2, "a", max_tokens=4)
+    c1 = d.counters()
+    loaded = d.block_digests(back["rid"], 20)
+    for k in range(5):  # the turn's own stores complete
+        d.one(prompt(80 + k, 1), f"y{k}")
+    c2 = d.counters()
+    other = d.one(a2, "a", max_tokens=4, salt="tenant-2")
+    c3 = d.counters()
+    computed = d.block_digests(other["rid"], 20)
+    mgr = d.connector.connector_scheduler.manager
+    w = d.copy_worker()
+    return {
+        "prompt_tokens": len(a2), "prefix_tokens": 20 * BS,
+        "host_tokens": delta(c1, c0, "vllm:prompt_tokens_cached_by_source[host]"),
+        "computed": delta(c1, c0, "vllm:prompt_tokens_by_source[local_compute]"),
+        "load_bytes": delta(c1, c0, "vllm:kv_offload_load_bytes"),
+        "store_bytes": delta(c2, c0, "vllm:kv_offload_store_bytes"),
+        "other_host_tokens": delta(c3, c2, "vllm:prompt_tokens_cached_by_source[host]"),
+        "other_computed": delta(c3, c2, "vllm:prompt_tokens_by_source[local_compute]"),
+        "tokens": back["tokens"], "other_tokens": other["tokens"],
+        "loaded": loaded, "computed_kv": computed,
+        "chunk_bytes": d.host_view()["chunk_bytes"],
+        "pool": dict(mgr.pool_counts), "worker": dict(w.counts),
+        "peers": sorted(mgr.index.peers)}
+
+
+SCENARIOS = {"pool_owner": pool_owner, "pool_reader": pool_reader,
+             "stall_reload": stall_reload, "flood": flood, "events": events,
              "failure": failure, "bad_config": bad_config, "parity": parity}
 
 

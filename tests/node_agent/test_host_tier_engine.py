@@ -8,6 +8,7 @@ worker), connector and host policy, each scenario an engine of its own process
 from __future__ import annotations
 
 import json
+import os
 
 import msgspec
 import pytest
@@ -100,3 +101,52 @@ def test_a_bad_connector_configuration_stops_the_engine_naming_the_field():
     assert "reload_ahaed" in r["unknown"] and "known:" in r["unknown"]
     assert "kv_connector_extra_config.cpu_bytes_to_use" in r["no_host"]
     assert "kv_transfer_config.kv_load_failure_policy" in r["policy"]
+
+
+def test_a_session_moved_to_another_engine_of_the_node_reloads_from_the_node_pool(tmp_path):
+    """Two engines (two processes) share a node pool directory. Session a's first turn runs
+    on A (its KV stored in A's host tier); its second turn lands on B, whose own tiers are
+    empty: B loads the 20-block history from A's host memory instead of recomputing it
+    (vLLM's own counters: host-cached tokens), the bytes are the KV B computes itself for
+    the same tokens, and B stores only the blocks the node lacks. The same prompt under
+    another cache salt (another tenant) gets nothing from A."""
+    import subprocess
+    import sys
+
+    from tests.node_agent.host_tier_engine import ROOT
+
+    slow()
+    pool, model = tmp_path / "pool", tmp_path / "model"  # one model path, as on a node
+    env = dict(os.environ, PYTHONHASHSEED="0", VLLM_ENABLE_V1_MULTIPROCESSING="0",
+               OMP_NUM_THREADS="1")
+    env.pop("ANCHORAGE_POLICY", None)
+    owner = subprocess.Popen(
+        [sys.executable, "-m", "tests.node_agent.host_tier_engine", "pool_owner",
+         json.dumps({"pool_dir": str(pool), "model_dir": str(model)})], cwd=ROOT, env=env, stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        a = None
+        for line in owner.stdout:
+            if line.startswith("READY "):
+                a = json.loads(line[6:])
+                break
+        assert a is not None, owner.stderr.read()[-4000:]
+        assert a["published"] >= 20 and None not in a["digests"]
+        assert len([f for f in a["files"] if f.endswith(".idx")]) == 1
+        b = run("pool_reader", pool_dir=str(pool), model_dir=str(model))
+    finally:
+        owner.stdin.close()
+        owner.wait(timeout=120)
+    assert b["peers"] and b["pool"]["peer_hits"] >= 20, b
+    # the history came from A's host memory, block for block the KV B computes itself
+    assert b["host_tokens"] == b["prefix_tokens"] == 20 * BS
+    assert b["computed"] == b["prompt_tokens"] - b["prefix_tokens"]
+    assert b["worker"]["peer_loads"] >= 1 and b["worker"]["peer_blocks"] == 20
+    assert b["load_bytes"] == 20 * b["chunk_bytes"]
+    assert b["loaded"] == a["digests"] == b["computed_kv"]
+    assert b["tokens"] == b["other_tokens"]
+    # one copy per node: B stored its two new blocks (and its fillers'), not A's twenty
+    assert b["store_bytes"] < 20 * b["chunk_bytes"], (b["store_bytes"], b["chunk_bytes"])
+    print("node pool:", b["pool"], b["worker"], b["store_bytes"] / b["chunk_bytes"])
+    # another tenant's salt: nothing shared across engines either
+    assert b["other_host_tokens"] == 0 and b["other_computed"] == b["prompt_tokens"]

@@ -7,6 +7,7 @@ from anchorage.tiering.host_tier import (
     Link,
     block_bytes,
     pool_hosts,
+    share_hosts,
     recompute_s,
 )
 
@@ -51,6 +52,26 @@ def test_pooled_host_tiers_share_keys_and_capacity_but_not_links():
     a.store(["v"])                                # LRU over the pool: x (refreshed first) goes
     assert "x" not in b and "v" in b
     assert a.h2d is not b.h2d and a.d2h is not b.d2h   # each GPU's own link
+
+
+def test_shared_host_tiers_read_each_other_keep_their_own_capacity_and_one_copy():
+    a = HostTier(HostTierConfig(capacity_bytes=2 * 100), bytes_per_block=100)
+    b = HostTier(HostTierConfig(capacity_bytes=2 * 100), bytes_per_block=100)
+    a.store(["x", "y"])
+    assert b.run(["x", "y", "z"], 0, 3) == 0       # not shared yet
+    share_hosts([a, b])
+    assert a.capacity_blocks == b.capacity_blocks == 2
+    b.store(["z"])
+    assert b.run(["x", "y", "z"], 0, 3) == 3        # a's keys, then its own
+    assert b.held("x") and not b.held("w") and "x" not in b
+    b.store(["x", "w"])                              # x is a's: not copied again
+    assert list(b.keys) == ["z", "w"] and b.stored_blocks == 2
+    b.store(["v"])                                   # b's own LRU drops z; a keeps x, y
+    assert "z" not in b and list(a.keys) == ["x", "y"]
+    a.store(["u"])                                   # a's order: x goes (b's reads of x
+    assert not b.held("x") and b.held("y")           # did not refresh it)
+    assert b.run(["x", "y"], 0, 2) == 0 and b.run(["y", "w"], 0, 2) == 2
+    assert a.h2d is not b.h2d and a.d2h is not b.d2h
 
 
 def test_bad_config():

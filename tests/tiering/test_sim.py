@@ -146,21 +146,26 @@ def test_a_reload_worth_less_than_its_link_time_is_recomputed():
 def test_a_node_pool_of_host_memory_serves_a_session_on_another_replica():
     """store-all with round-robin routing: a session's next turn lands on the other
     replica. With each replica's host tier its own, that turn finds its history only in the
-    other replica's host memory and recomputes it; with the node's host memory pooled
-    (host_scope "node") it reloads it: more host hits, less recomputed, same requests."""
+    other replica's host memory and recomputes it; with the node's host tiers read by one
+    another (host_scope "node", the engine's node pool) or pooled, it reloads it: more host
+    hits, less recomputed, fewer blocks copied out (one copy per node), same requests."""
     recs, ctxs = workload()
     own = run_tiered(recs, ctxs, cfg(), "hybrid", "round_robin",
                      tiering=TieringConfig(mode="store-all"))
-    pooled = run_tiered(recs, ctxs, cfg(), "hybrid", "round_robin",
+    shared = run_tiered(recs, ctxs, cfg(), "hybrid", "round_robin",
                         tiering=TieringConfig(mode="store-all", host_scope="node"))
-    assert pooled["requests"] == own["requests"]
-    assert pooled["host_hit_blocks"] > own["host_hit_blocks"]
-    assert pooled["recomputed_tokens"] < own["recomputed_tokens"]
-    for r in (own, pooled):
+    pooled = run_tiered(recs, ctxs, cfg(), "hybrid", "round_robin",
+                        tiering=TieringConfig(mode="store-all", host_scope="pooled"))
+    for r in (shared, pooled):
+        assert r["requests"] == own["requests"]
+        assert r["host_hit_blocks"] > own["host_hit_blocks"]
+        assert r["recomputed_tokens"] < own["recomputed_tokens"]
+    assert shared["offload_blocks"] < own["offload_blocks"]
+    for r in (own, shared, pooled):
         assert (r["prefill_tokens"]
                 == r["hit_tokens"] + r["host_hit_tokens"] + r["recomputed_tokens"])
     with pytest.raises(ValueError, match="host_scope"):
         TieringConfig(host_scope="rack")
-    with pytest.raises(ValueError, match="host_scope 'node'"):
+    with pytest.raises(ValueError, match="host_scope 'node' needs"):
         run_tiered(recs, ctxs, cfg(), "hybrid", "round_robin",
                    tiering=TieringConfig(mode="offload", host_scope="node"))

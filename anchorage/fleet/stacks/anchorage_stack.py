@@ -30,11 +30,13 @@ Variants of the gated tier: ``anchorage-tokencake`` (``tokencake``), and its abl
 of programs by KV capacity, ``anchorage.sim.programs``) above Anchorage's engine policies;
 the gate places programs itself, so Anchorage's router is not used. The router has no
 program gate yet: this row measures what one would add, it is not a deployable stack.
-``anchorage-node-host``: the full stack with the node's host memory pooled
-(``TieringConfig.host_scope = "node"``: one DRAM pool for the node's GPUs, each GPU's own
-link): a thread the router moves off a busy replica reloads its history from host memory
-instead of recomputing it. Not deployable yet (the engine's host tier is each engine's
-own): the row measures what a node-shared host tier would add.
+``anchorage-node-host``: the full stack with the node's host tiers read by one another
+(``TieringConfig.host_scope = "node"``: each GPU's host tier its own, read by the node's
+other GPUs over the loader's own link, one copy per node; the engine's node pool,
+``anchorage.node_agent.offload.node_pool``): a thread the router moves off a busy replica
+reloads its history from host memory instead of recomputing it. ``anchorage-node-pooled``:
+one allocator over the node's host memory instead (``host_scope = "pooled"``, a reference
+for what the shared reads leave).
 ``anchorage-no-target``: prefix-aware admission without the TTFT target (CacheWise's order,
 Anchorage's default before the target) and without the prefill cap; the ablations and the
 other variants change one component of it.
@@ -68,6 +70,7 @@ VARIANTS = {
     "no-target": NO_TARGET,
     "no-prefill-cap": dict(long_prefill_tokens=0),
     "node-host": dict(tiering_params={"host_scope": "node"}),
+    "node-pooled": dict(tiering_params={"host_scope": "pooled"}),
     "tokencake": dict(tiering="tokencake", **NO_TARGET),
     "tokencake-gate": dict(tiering="naive-incremental", **NO_TARGET),
     "tokencake-spatial": dict(tiering="temporal", **NO_TARGET),
