@@ -52,6 +52,10 @@ def add_stack_args(p, *, with_policy: bool = True) -> None:
     p.add_argument("--host-tier-mb", type=int, default=0, metavar="MIB",
                    help="Anchorage engines' host-memory KV tier, MiB per engine (the chart's "
                         "hostTier: Anchorage's connector and policy); 0: none (default)")
+    p.add_argument("--node-pool", action="store_true",
+                   help="Anchorage engines read one another's host tiers (the chart's "
+                        "hostTier.nodePool: a session moved to another engine reloads its "
+                        "history instead of recomputing it); needs --host-tier-mb")
     p.add_argument("--long-prefill-tokens", type=int, default=0, metavar="N",
                    help="Anchorage engines' cap on one prefill chunk per step, tokens "
                         "(vLLM's --long-prefill-token-threshold; the chart's "
@@ -89,6 +93,7 @@ def stack_config(args, policy: str | None = None, router: str | None = None):
                       warmup=not args.no_warmup, cpu=not args.gpu,
                       scheduler="" if args.scheduler == "fcfs" else args.scheduler,
                       host_tier_mb=args.host_tier_mb,
+                      node_pool=getattr(args, "node_pool", False),
                       long_prefill_tokens=args.long_prefill_tokens,
                       engine_timeout_s=args.engine_timeout)
     try:

@@ -14,7 +14,8 @@ stock vLLM, nothing patched). An Anchorage engine (policy not ``off``) may also 
 prefix-aware scheduler (``scheduler``: ``ANCHORAGE_SCHEDULER``), a host-memory KV tier
 (``host_tier_bytes``: ``--kv-transfer-config`` from
 ``anchorage.node_agent.offload.config.transfer_config``, what the chart's ``hostTier``
-renders) and a cap on one prefill chunk per step (``long_prefill_tokens``: vLLM's
+renders; ``node_pool_dir``: the node pool's directory, the chart's ``hostTier.nodePool``)
+and a cap on one prefill chunk per step (``long_prefill_tokens``: vLLM's
 ``--long-prefill-token-threshold``, the chart's ``longPrefillTokens``); a stock engine
 never does."""
 
@@ -45,6 +46,7 @@ class EngineSpec:
     warmup: bool = True                # node-agent warm-ups
     scheduler: str = ""                # ANCHORAGE_SCHEDULER ("" / fcfs: vLLM's order)
     host_tier_bytes: int = 0           # host-memory KV tier (Anchorage's connector); 0: none
+    node_pool_dir: Path | None = None  # the node pool's directory (with the host tier)
     long_prefill_tokens: int = 0       # --long-prefill-token-threshold; 0: none (vLLM's)
 
     @property
@@ -95,8 +97,11 @@ def engine_command(spec: EngineSpec, base_env: dict[str, str]) -> tuple[list[str
         # is copied to host memory and loaded back at admission instead of recomputed
         from anchorage.node_agent.offload.config import transfer_config
 
+        anch = {"state_dir": str(spec.state_dir)}
+        if spec.node_pool_dir is not None:
+            anch["node_pool_dir"] = str(spec.node_pool_dir)
         argv += ["--kv-transfer-config", json.dumps(transfer_config(
-            spec.host_tier_bytes, anchorage={"state_dir": str(spec.state_dir)}))]
+            spec.host_tier_bytes, anchorage=anch))]
     if spec.long_prefill_tokens and anchorage_on:
         argv += ["--long-prefill-token-threshold", str(spec.long_prefill_tokens)]
     env = {k: v for k, v in base_env.items() if not k.startswith("ANCHORAGE_")}

@@ -55,6 +55,7 @@ class StackConfig:
     warmup: bool = True
     scheduler: str = ""                # Anchorage engines' admission (ANCHORAGE_SCHEDULER)
     host_tier_mb: int = 0              # Anchorage engines' host-memory KV tier, MiB; 0: none
+    node_pool: bool = False            # Anchorage engines read one another's host tiers
     long_prefill_tokens: int = 0       # Anchorage engines' prefill chunk cap; 0: none
     cpu: bool = True
     engine_timeout_s: float = 600.0
@@ -74,6 +75,8 @@ class StackConfig:
             raise ValueError(f"--scheduler must be one of {known}, got {self.scheduler!r}")
         if self.host_tier_mb < 0:
             raise ValueError(f"--host-tier-mb must be >= 0, got {self.host_tier_mb}")
+        if self.node_pool and not self.host_tier_mb:
+            raise ValueError("--node-pool needs --host-tier-mb (the host tiers it shares)")
         if self.long_prefill_tokens < 0:
             raise ValueError(f"--long-prefill-tokens must be >= 0, got "
                              f"{self.long_prefill_tokens}")
@@ -191,6 +194,7 @@ class Stack:
                 block_size=cfg.block_size, kv_blocks=cfg.kv_blocks if dummy else 0,
                 dummy=dummy, tokenizer=chat, cpu=cfg.cpu, warmup=cfg.warmup,
                 scheduler=cfg.scheduler, host_tier_bytes=cfg.host_tier_mb << 20,
+                node_pool_dir=self.workdir / "node-pool" if cfg.node_pool else None,
                 long_prefill_tokens=cfg.long_prefill_tokens))
         tiny = ", tiny Llama with dummy weights" + (" and a tokenizer" if chat else "")
         say(f"starting {cfg.engines} vLLM engine(s) (policy {cfg.policy}"

@@ -220,6 +220,7 @@ class PoolIndex:
         self._next_scan = 0.0
         self._next_refresh = 0.0
         self.counts = {"peer_hits": 0, "peer_stale": 0, "deduplicated": 0}
+        self._scan()  # the peers now; the files of engines that are gone are removed
 
     # -- this engine's chunks -----------------------------------------------------------
 

@@ -85,3 +85,45 @@ def test_the_schema_rejects_an_unknown_backend():
                                                         "backend": "disk"})]},
                      name=RELEASE, namespace=NAMESPACE)
     assert "backend" in str(exc.value)
+
+
+def _pod(values: dict) -> dict:
+    return one(objects(render(values)), "Deployment", "-m")["spec"]["template"]["spec"]
+
+
+def test_the_node_pool_renders_its_directory_mount_and_connector_key():
+    """hostTier.nodePool: the connector's node_pool_dir (one directory per model), which the
+    spec reads (OffloadConfig), on a hostPath every engine pod of the model on the node
+    mounts; off: none of it."""
+    tier = {"enabled": True, "memoryGiB": 64,
+            "nodePool": {"enabled": True, "hostPath": "/dev/shm/pool-x"}}
+    pod = _pod({"models": [model("m", hostTier=tier)]})
+    c = next(c for c in pod["containers"] if c["name"] == "vllm")
+    ec = _ktc(c)["kv_connector_extra_config"]
+    assert ec["anchorage"]["node_pool_dir"] == "/run/anchorage-pool/m"
+    assert OffloadConfig.from_extra_config(ec).node_pool_dir == "/run/anchorage-pool/m"
+    assert {"name": "anchorage-pool", "mountPath": "/run/anchorage-pool"} in c["volumeMounts"]
+    vol = next(v for v in pod["volumes"] if v["name"] == "anchorage-pool")
+    assert vol["hostPath"] == {"path": "/dev/shm/pool-x", "type": "DirectoryOrCreate"}
+    # the node agent never mounts it
+    agent = next(c for c in pod["containers"] if c["name"] == "node-agent")
+    assert all(m["name"] != "anchorage-pool" for m in agent["volumeMounts"])
+    for off in ({"enabled": True, "memoryGiB": 64},
+                {"enabled": False, "memoryGiB": 64, "nodePool": {"enabled": True}}):
+        pod = _pod({"models": [model("m", hostTier=off)]})
+        assert all(v["name"] != "anchorage-pool" for v in pod["volumes"])
+        c = next(c for c in pod["containers"] if c["name"] == "vllm")
+        ktc = _ktc(c)
+        assert ktc is None or "node_pool_dir" not in ktc["kv_connector_extra_config"].get(
+            "anchorage", {})
+
+
+def test_the_node_pool_needs_anchorages_backend_and_an_absolute_path():
+    with pytest.raises(Exception, match="nodePool needs hostTier.backend anchorage"):
+        render({"models": [model("m", hostTier={"enabled": True, "memoryGiB": 8,
+                                                "backend": "vllm", "policy": "lru",
+                                                "nodePool": {"enabled": True}})]})
+    for bad in ({"hostPath": "relative/dir"}, {"enabeld": True}):
+        with pytest.raises(Exception, match="nodePool|hostPath|enabeld"):
+            render({"models": [model("m", hostTier={"enabled": True, "memoryGiB": 8,
+                                                    "nodePool": bad})]})

@@ -181,6 +181,14 @@ def test_anchorage_engines_get_the_scheduler_host_tier_and_cap_stock_engines_do_
     assert ec["cpu_bytes_to_use"] == 16 << 20
     assert ec["eviction_policy"] == "AnchorageCachePolicy"
     assert ec["anchorage"]["state_dir"] == str(spec.state_dir)  # the sidecar reads it there
+    assert "node_pool_dir" not in ec["anchorage"]
+    pooled = EngineSpec(0, 1, 2, "/m", tmp_path, policy="hybrid", host_tier_bytes=16 << 20,
+                        node_pool_dir=tmp_path / "pool")
+    argv, _ = engine_command(pooled, {})
+    ec = json.loads(argv[argv.index("--kv-transfer-config") + 1])["kv_connector_extra_config"]
+    from anchorage.node_agent.offload.config import OffloadConfig
+
+    assert OffloadConfig.from_extra_config(ec).node_pool_dir == str(tmp_path / "pool")
     # stock engines (policy off) stay stock: neither, whatever the stack asks
     stock = EngineSpec(0, 1, 2, "/m", tmp_path, policy="off", scheduler="prefix-aware",
                        host_tier_bytes=16 << 20, long_prefill_tokens=2048)
@@ -209,6 +217,10 @@ def test_the_stack_flags_reach_the_engine_specs_and_bad_values_are_clear(tmp_pat
     assert (cfg.scheduler, cfg.host_tier_mb, cfg.long_prefill_tokens) == ("", 0, 0)
     with pytest.raises(CLIError, match="--host-tier-mb must be >= 0"):
         stack_config(p.parse_args(["--host-tier-mb", "-1"]))
+    cfg = stack_config(p.parse_args(["--host-tier-mb", "32", "--node-pool"]))
+    assert cfg.node_pool and not stack_config(p.parse_args(["--host-tier-mb", "32"])).node_pool
+    with pytest.raises(CLIError, match="--node-pool needs --host-tier-mb"):
+        stack_config(p.parse_args(["--node-pool"]))
     with pytest.raises(CLIError, match="--long-prefill-tokens must be >= 0"):
         stack_config(p.parse_args(["--long-prefill-tokens", "-1"]))
     with pytest.raises(SystemExit):

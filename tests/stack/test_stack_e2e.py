@@ -4,7 +4,7 @@ driven by `anchorage drive`'s replayer, stopped with Ctrl-C (SIGINT).
 
 Stock (vLLM LRU, round-robin routing) vs Anchorage (hybrid eviction, agent routing), and
 Anchorage with its engines' prefix-aware scheduler, host-memory KV tier and prefill chunk
-cap (`--scheduler prefix-aware --host-tier-mb 16 --long-prefill-tokens 64`), on the same
+cap (`--scheduler prefix-aware --host-tier-mb 16 --node-pool --long-prefill-tokens 64`), on the same
 generated multi-agent workload, one stack start per configuration: every request succeeds,
 Anchorage's prefix-cache hit rate is higher (from usage.cached_tokens and from vLLM's own
 counters), the three flags reach the engines and the host tier serves tokens, Prometheus
@@ -54,9 +54,10 @@ def test_anchorage_hit_rate_beats_stock(e2e):
 
 
 def test_the_scheduler_and_host_tier_flags_reach_the_engines(e2e):
-    """`anchorage up --scheduler prefix-aware --host-tier-mb 16 --long-prefill-tokens 64`:
-    both engines run the prefix-aware scheduler, the host tier and vLLM's prefill chunk cap
-    of 64 tokens, and the host tier serves prompt tokens (vLLM's own
+    """`anchorage up --scheduler prefix-aware --host-tier-mb 16 --node-pool
+    --long-prefill-tokens 64`: both engines run the prefix-aware scheduler, the host tier
+    (both published in the node pool: an index and a data file each) and vLLM's prefill
+    chunk cap of 64 tokens, and the host tier serves prompt tokens (vLLM's own
     external_prefix_cache_hits); without the flags, none of them."""
     full, plain = e2e["anchorage-full"], e2e["anchorage"]
     cap = "'long_prefill_token_threshold': 64"
@@ -65,6 +66,10 @@ def test_the_scheduler_and_host_tier_flags_reach_the_engines(e2e):
                                         cap: 2}, full["engine_log_lines"]
     assert plain["engine_log_lines"] == {"PrefixAwareScheduler": 0,
                                          "AnchorageOffloadingConnector": 0, cap: 0}
+    files = full["node_pool_files"]
+    assert len([f for f in files if f.endswith(".idx")]) == 2, files
+    assert len([f for f in files if f.endswith(".r0.kv")]) == 2, files
+    assert plain["node_pool_files"] == []
     counters = full["summary"]["engine_counters"]
     assert counters["external_hits"] > 0, counters
     assert plain["summary"]["engine_counters"]["external_hits"] == 0
