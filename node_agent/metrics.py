@@ -190,6 +190,22 @@ def host_tier_families(m: str, h: dict[str, Any] | None):
                           "use, bytes.", labels=["model_name", "policy"])
     g.add_metric([m, h["policy"]], float(h["capacity_bytes"]))
     yield g
+    pool = h.get("node_pool")
+    if pool is None:
+        return
+    c = CounterMetricFamily(
+        "anchorage_host_tier_node_pool_chunks", "Node pool chunks: peer_hit (loaded from "
+        "another engine's host tier), deduplicated (not stored: a peer held it), stale (a "
+        "peer's chunk changed during its load: recomputed).",
+        labels=["model_name", "policy", "kind"])
+    for kind, key in (("peer_hit", "peer_hits"), ("deduplicated", "deduplicated"),
+                      ("stale", "stale_loads")):
+        c.add_metric([m, h["policy"], kind], float(pool[key]))
+    yield c
+    g = GaugeMetricFamily("anchorage_host_tier_node_pool_peers", "Engines on this node whose "
+                          "host tiers this engine reads.", labels=["model_name", "policy"])
+    g.add_metric([m, h["policy"]], float(pool["peers"]))
+    yield g
 
 
 def make_registry(view: Callable[[], MetricsView]) -> CollectorRegistry:

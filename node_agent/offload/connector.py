@@ -172,10 +172,15 @@ class AnchorageOffloadingConnector(OffloadingConnector):
         name = policy_label(pol)
         chunks = getattr(pol, "cache_capacity", 0)
         bpc = self.connector_scheduler.config.blocks_per_chunk
+        mgr = self.connector_scheduler.manager
+        pool = None
+        if isinstance(mgr, NodePoolManager):
+            def pool() -> dict[str, int]:
+                return {"peers": len(mgr.index.peers), **mgr.pool_counts}
         self.tracker = HostTierTracker(
             returns, capacity_chunks=chunks, chunk_bytes=self._block_bytes * bpc,
             reload_ahead=cfg.reload_ahead, policy_name=str(name),
-            occupancy=lambda: policy_occupancy(pol))
+            occupancy=lambda: policy_occupancy(pol), node_pool=pool)
         returns.ctl.attach(max(1, kv_cache_config.num_blocks - 1))
 
     def bind_gpu_block_pool(self, gpu_block_pool) -> None:
@@ -316,7 +321,7 @@ class AnchorageOffloadingConnector(OffloadingConnector):
         if w is None:
             return meta
         fails = {k: w.counts[k] - w.reported.get(k, 0)
-                 for k in ("store_failures", "load_failures", "timeouts")}
+                 for k in ("store_failures", "load_failures", "timeouts", "peer_stale")}
         fails = {k: v for k, v in fails.items() if v}
         chunks, loads = list(w.failed_chunks()), w.failed_loads()
         if not fails and not chunks and not loads:

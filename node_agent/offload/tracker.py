@@ -25,13 +25,18 @@ Events, from ``AnchorageOffloadingConnector`` (plain values):
 - ``transferred(d2h_bytes, h2d_bytes, stores, loads)``: vLLM's transfer statistics of one
   step (the worker's ``TransferStats``).
 - ``failed(counts)``: the worker's failures of one step (``store_failures``,
-  ``load_failures``, ``timeouts``): each is a fallback to recomputation.
+  ``load_failures``, ``timeouts``): each is a fallback to recomputation; ``peer_stale``
+  (with the node pool), the failed loads whose peer's chunk changed (also in
+  ``load_failures``).
 
 ``pending_reloads(mono_now, unix_now)``: offloaded sessions whose warm-up has not started,
 with ``at_s`` (unix), blocks, the prompt's token ids and cache salt (sessions whose prompt
 is unknown are left out). ``view(...)`` is the snapshot (``host_tier.json``,
 ``anchorage-host-tier/v1``): capacity (chunks, bytes), occupancy, hits, stores, loads by
-outcome, bytes each way, fallbacks by reason, the gate's decisions, pending reloads.
+outcome, bytes each way, fallbacks by reason, the gate's decisions, pending reloads, and
+with the node pool (``node_pool``, a callable giving the manager's counts) ``node_pool``:
+``peers`` (engines whose host tiers this one reads), ``peer_hits`` (chunks loaded from a
+peer's host tier), ``deduplicated`` (chunks not stored: a peer held them), ``stale_loads``.
 """
 
 from __future__ import annotations
@@ -49,12 +54,14 @@ from anchorage.tiering.returns import SessionReturns
 FORMAT = "anchorage-host-tier/v1"
 OUTCOMES = ("in_time", "late", "wasted")
 FALLBACKS = ("store_failed", "load_failed", "timeout")
+NODE_POOL = ("peers", "peer_hits", "deduplicated", "stale_loads")
 
 
 class HostTierTracker:
     def __init__(self, returns: SessionReturns, *, capacity_chunks: int, chunk_bytes: int,
                  reload_ahead: bool = True, policy_name: str = "lru",
-                 occupancy: Callable[[], int] = lambda: 0):
+                 occupancy: Callable[[], int] = lambda: 0,
+                 node_pool: Callable[[], dict[str, int]] | None = None):
         self.returns = returns
         self.ctl = returns.ctl
         self.capacity_chunks = capacity_chunks
@@ -62,6 +69,7 @@ class HostTierTracker:
         self.reload_ahead = reload_ahead
         self.policy_name = policy_name
         self.occupancy = occupancy
+        self.node_pool = node_pool
         self.prompts = SessionPrompts()
         self.salts: dict[Any, str | None] = {}
         self.hit_tokens = self.hit_blocks = 0
@@ -133,6 +141,7 @@ class HostTierTracker:
         self.fallbacks["store_failed"] += int(counts.get("store_failures", 0))
         self.fallbacks["load_failed"] += int(counts.get("load_failures", 0))
         self.fallbacks["timeout"] += int(counts.get("timeouts", 0))
+        self.fallbacks["peer_stale"] += int(counts.get("peer_stale", 0))
 
     # -- reports --------------------------------------------------------------------------
 
@@ -164,6 +173,9 @@ class HostTierTracker:
             "fallbacks": {f: int(self.fallbacks.get(f, 0)) for f in FALLBACKS},
             "gate": dict(self.ctl.gate), "actions": dict(self.ctl.actions),
             "pending_reloads": self.pending_reloads(mono_now, unix_now),
+            "node_pool": None if self.node_pool is None else {
+                **{k: int(v) for k, v in self.node_pool().items() if k in NODE_POOL},
+                "stale_loads": int(self.fallbacks.get("peer_stale", 0))},
         }
 
     def maybe_write(self, path: str, interval_s: float, mono_now: float,
@@ -200,6 +212,9 @@ def parse_host_tier(doc: Any, where: str = "host tier snapshot") -> dict[str, An
         for key, labels in _COUNTS.items():
             sec = doc.get(key) or {}
             out[key] = {k: int(sec.get(k, 0)) for k in labels}
+        pool = doc.get("node_pool")
+        out["node_pool"] = None if pool is None else {k: int(pool.get(k, 0))
+                                                      for k in NODE_POOL}
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{where}: malformed field ({type(exc).__name__}: {exc})") from None
     return out

@@ -480,7 +480,7 @@ def pool_reader(pool_dir: str, model_dir: str, **_: Any) -> dict[str, Any]:
         "loaded": loaded, "computed_kv": computed,
         "chunk_bytes": d.host_view()["chunk_bytes"],
         "pool": dict(mgr.pool_counts), "worker": dict(w.counts),
-        "peers": sorted(mgr.index.peers)}
+        "peers": sorted(mgr.index.peers), "snapshot": d.host_view()["node_pool"]}
 
 
 SCENARIOS = {"pool_owner": pool_owner, "pool_reader": pool_reader,

@@ -138,6 +138,9 @@ def test_a_session_moved_to_another_engine_of_the_node_reloads_from_the_node_poo
         owner.stdin.close()
         owner.wait(timeout=120)
     assert b["peers"] and b["pool"]["peer_hits"] >= 20, b
+    # what the sidecar exports (anchorage_host_tier_node_pool_*)
+    assert b["snapshot"] == {"peers": 1, "peer_hits": b["pool"]["peer_hits"],
+                             "deduplicated": 0, "stale_loads": 0}
     # the history came from A's host memory, block for block the KV B computes itself
     assert b["host_tokens"] == b["prefix_tokens"] == 20 * BS
     assert b["computed"] == b["prompt_tokens"] - b["prefix_tokens"]

@@ -221,3 +221,28 @@ def test_the_manager_publishes_its_stores_reads_peers_and_keeps_one_copy(tmp_pat
     a.shutdown()
     b.shutdown()
     assert os.listdir(tmp_path) == []
+
+
+def test_the_snapshot_and_metrics_carry_the_node_pool_only_when_it_is_on():
+    from anchorage.node_agent.metrics import host_tier_families
+    from anchorage.node_agent.offload.tracker import HostTierTracker, parse_host_tier
+    from anchorage.tiering.returns import SessionReturns
+
+    def snap(pool):
+        t = HostTierTracker(SessionReturns(), capacity_chunks=8, chunk_bytes=64,
+                            node_pool=pool)
+        t.failed({"load_failures": 2, "peer_stale": 1})
+        return parse_host_tier(t.view(0.0, 1.0))
+
+    on = snap(lambda: {"peers": 2, "peer_hits": 40, "deduplicated": 3})
+    assert on["node_pool"] == {"peers": 2, "peer_hits": 40, "deduplicated": 3,
+                               "stale_loads": 1}
+    assert on["fallbacks"]["load_failed"] == 2
+    fams = {f.name: f for f in host_tier_families("m", on)}
+    got = {s.labels["kind"]: s.value
+           for s in fams["anchorage_host_tier_node_pool_chunks"].samples}
+    assert got == {"peer_hit": 40.0, "deduplicated": 3.0, "stale": 1.0}
+    assert fams["anchorage_host_tier_node_pool_peers"].samples[0].value == 2.0
+    off = snap(None)
+    assert off["node_pool"] is None
+    assert not any("node_pool" in f.name for f in host_tier_families("m", off))
