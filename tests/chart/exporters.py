@@ -193,9 +193,11 @@ class _HostTier:
 
         params = TemporalParams(host=HostTierConfig(capacity_bytes=256 * 4096))
         self.used = 0
+        self.pool = {"peers": 1, "peer_hits": 0, "deduplicated": 0}  # the node pool's counts
         self.tracker = HostTierTracker(SessionReturns(params), capacity_chunks=256,
                                        chunk_bytes=4096, policy_name="anchorage",
-                                       occupancy=lambda: self.used)
+                                       occupancy=lambda: self.used,
+                                       node_pool=lambda: dict(self.pool))
         self.path = str(workdir / HOST_TIER_FILE)
 
     def request(self, ctx, pool, n: int) -> None:
@@ -215,8 +217,11 @@ class _HostTier:
             SessionReading(gpu_blocks=blocks, copy_blocks=0, recompute_s=math.inf),
             [(sid, i) for i in range(blocks)]))
         t.transferred(4096 * blocks, 4096 * (host // 16), 1, int(host > 0))
+        self.pool["peer_hits"] += host // 32   # part of the host hits from a peer's tier
+        self.pool["deduplicated"] += int(n % 7 == 0)
         if n % 40 == 0:
-            t.failed({"load_failures": 1, "timeouts": int(n % 80 == 0)})
+            t.failed({"load_failures": 1, "timeouts": int(n % 80 == 0),
+                      "peer_stale": int(n % 120 == 0)})
         self.used = min(256, self.used + 1)
         t.maybe_write(self.path, 0.2, now)
 

@@ -278,6 +278,15 @@ def policy() -> gd.Dashboard:
     d = d.with_panel(stat("Host tier capacity", "Host memory the selected engines' host "
                           "tiers may use (cpu_bytes_to_use).",
                           Q(f"sum(anchorage_host_tier_capacity_bytes{{{M}}})"), unit="bytes"))
+    d = d.with_panel(timeseries(
+        "Node pool", "With hostTier.nodePool: chunks loaded from another engine's host tier "
+        "on the node (peer_hit), not stored because a peer held them (deduplicated), loads "
+        "that failed because the peer's chunk changed (stale, recomputed), per second; and "
+        "the peers each engine reads (empty without the node pool).",
+        [Q(f"sum by (kind) (rate(anchorage_host_tier_node_pool_chunks_total{{{M}}}[{RI}]))",
+           "{{kind}}"),
+         Q(f"max by (pod) (anchorage_host_tier_node_pool_peers{{{M}}})", "peers {{pod}}")],
+        lo=0, w=18))
     d = d.with_row(gd.Row("Overhead and configuration"))
     d = d.with_panel(timeseries(
         "Decision latency", "Time to choose eviction victims for one allocation (sampled).",
