@@ -52,7 +52,7 @@ from bench import fleet_report, fleet_workloads, harness
 ROLE_ORDER = ("peer", "anchorage", "ablation", "limit", "paper")
 PEERS = ["stock", "smg", "llm-d", "llm-d+offload", "dynamo", "dynamo+thunderagent",
          "production-stack", "continuum"]
-FULL_STACKS = PEERS + ["anchorage", "anchorage-no-prefill-cap", "anchorage-node-host",
+FULL_STACKS = PEERS + ["anchorage", "anchorage-no-prefill-cap", "anchorage-own-host",
                        "anchorage-node-pooled",
                        "anchorage-routing", "anchorage-eviction",
                        "anchorage-admission", "anchorage-host", "anchorage-tokencake",
@@ -79,7 +79,7 @@ PER_SLOT = {"weka": 1.5, "swe": 1.5, "gen": 1.2, "mooncake": 0}
 MIN_SESSIONS = {"weka": 64, "swe": 96, "gen": 256, "mooncake": 0}
 QUICK_MIN = {"weka": 24, "swe": 48, "gen": 96, "mooncake": 0}
 # the ablations run where Anchorage's components have something to act on
-FULL_ONLY = {wl: PEERS + ["anchorage", "anchorage-no-prefill-cap", "anchorage-node-host",
+FULL_ONLY = {wl: PEERS + ["anchorage", "anchorage-no-prefill-cap", "anchorage-own-host",
                           "anchorage-node-pooled",
                           "dynamo+thunderagent+prefill-cap", "production-stack+prefill-cap",
                           "limit-hbm", "limit-host", "limit-tiers"]

@@ -391,9 +391,12 @@ class PoolData:
     def peer(self, eid: str) -> tuple[list, np.ndarray] | None:
         """A peer's buffers (same layout as this engine's) and its version array; None when
         it is gone or laid out otherwise."""
+        kv = os.path.join(self.dir, f"{eid}.r{self.rank}.kv")
         got = self.peers.get(eid)
+        if got is not None and not os.path.exists(kv):
+            del self.peers[eid]  # its engine is gone: unmapped once its views are dropped
+            return None
         if got is None:
-            kv = os.path.join(self.dir, f"{eid}.r{self.rank}.kv")
             idx = os.path.join(self.dir, f"{eid}.idx")
             try:
                 data, index = _Peer(kv), _Peer(idx)
@@ -412,9 +415,6 @@ class PoolData:
                 return None
             got = self.peers[eid] = (data, bufs, versions)
         return got[1], got[2]
-
-    def forget(self, eid: str) -> None:
-        self.peers.pop(eid, None)
 
     def close(self) -> None:
         self.buffers = []

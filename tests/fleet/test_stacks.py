@@ -43,19 +43,21 @@ def test_anchorage_ablations_change_exactly_one_component():
         "agent", "hybrid", "prefix-aware", "store-all")
     assert full.admission_kwargs(2.0) == {"ttft_target_s": 2.0}   # the setting's SLO
     assert full.long_prefill_tokens == 2048
-    # the ablations change one component of the stack without the target and the cap
+    assert full.tiering_params == {"host_scope": "node"}          # the node pool
+    # the ablations change one component of the stack without the target, the cap and the
+    # node pool
     base = get_stack("anchorage-no-target")
     fields = ("router", "policy", "admission", "tiering", "program_gate", "admission_params",
               "long_prefill_tokens", "tiering_params")
     assert [f for f in fields if getattr(base, f) != getattr(full, f)] == [
-        "admission_params", "long_prefill_tokens"]
+        "admission_params", "long_prefill_tokens", "tiering_params"]
     # the variants of the full stack itself
     of_full = {"anchorage-no-prefill-cap": "long_prefill_tokens",
-               "anchorage-node-host": "tiering_params",
+               "anchorage-own-host": "tiering_params",
                "anchorage-node-pooled": "tiering_params"}
     for n, f in of_full.items():
         assert [g for g in fields if getattr(get_stack(n), g) != getattr(full, g)] == [f], n
-    assert get_stack("anchorage-node-host").tiering_params == {"host_scope": "node"}
+    assert get_stack("anchorage-own-host").tiering_params == {}   # each replica its own
     assert get_stack("anchorage-node-pooled").tiering_params == {"host_scope": "pooled"}
     for n in stack_names("ablation"):
         if n == base.name or n in of_full or not n.startswith("anchorage-"):
@@ -63,9 +65,10 @@ def test_anchorage_ablations_change_exactly_one_component():
         a = get_stack(n)
         changed = [f for f in fields if getattr(a, f) != getattr(base, f)]
         assert len(changed) == 1, (n, changed)
-    for n in ("limit-host", "limit-tiers"):      # the full stack, target and cap included
+    for n in ("limit-host", "limit-tiers"):  # the full stack: target, cap, node pool included
         assert get_stack(n).admission_params == full.admission_params
         assert get_stack(n).long_prefill_tokens == full.long_prefill_tokens
+        assert get_stack(n).tiering_params == full.tiering_params
     # the controls: a peer as shipped plus Anchorage's cap, never a peer row
     for peer in ("dynamo+thunderagent", "llm-d+offload", "production-stack"):
         c, p = get_stack(f"{peer}+prefill-cap"), get_stack(peer)

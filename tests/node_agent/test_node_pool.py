@@ -163,12 +163,12 @@ def test_the_worker_loads_a_peers_chunk_and_fails_a_changed_one(tmp_path):
     assert wb.take_load_errors() == {4} and wb.counts["peer_stale"] == 1
     assert wb.failed_loads() == [4]
     assert [r.job_id for r in wb.get_finished()] == [2, 3, 4]   # every job reported
-    # a peer that is gone: the same
+    # a peer that is gone (its files removed at its shutdown): the same, and its mapping
+    # is dropped
     wa.shutdown()
     ia.close()
-    wb.pool.forget("a")
     wb.submit_load(5, NodeLoadStoreSpec([c0], [0], [v0], ["a"]), gpu([2]))
-    assert wb.take_load_errors() == {2}
+    assert wb.take_load_errors() == {2} and "a" not in wb.pool.peers
     # the host memory is the pool file's
     assert wb.host_bytes == 4 * 64
     assert np.frombuffer(wb.pool.own.mm, dtype=np.int8, count=64,

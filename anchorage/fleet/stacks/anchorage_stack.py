@@ -5,7 +5,11 @@ Components (Anchorage's defaults): routing ``agent`` (``anchorage.routing.agent`
 eviction ``hybrid``, admission ``prefix-aware`` with the deployment's TTFT target (the
 setting's SLO: urgent requests first, late ones last; ``anchorage.policies.admission``),
 host tier ``store-all`` (every turn's new blocks stored in host memory, reloaded at admission:
-what the engine's offloading connector does, and what the peers do), and prefill chunks of
+what the engine's offloading connector does, and what the peers do) with the node pool (each
+GPU's host tier read by the node's other GPUs, one copy per node: ``TieringConfig.host_scope
+= "node"``, the chart's ``hostTier.nodePool``, ``anchorage.node_agent.offload.node_pool``; a
+thread the router moves off a busy replica reloads its history from host memory instead of
+recomputing it; ``anchorage-own-host`` is the stack without it), and prefill chunks of
 at most 2,048 tokens per step beside other requests (vLLM's ``long_prefill_token_threshold``,
 the chart's ``longPrefillTokens``: a new coding-agent session's 100k-token prefill no longer
 holds every turn behind it for seconds; ``anchorage-no-prefill-cap`` is the stack without it,
@@ -30,16 +34,12 @@ Variants of the gated tier: ``anchorage-tokencake`` (``tokencake``), and its abl
 of programs by KV capacity, ``anchorage.sim.programs``) above Anchorage's engine policies;
 the gate places programs itself, so Anchorage's router is not used. The router has no
 program gate yet: this row measures what one would add, it is not a deployable stack.
-``anchorage-node-host``: the full stack with the node's host tiers read by one another
-(``TieringConfig.host_scope = "node"``: each GPU's host tier its own, read by the node's
-other GPUs over the loader's own link, one copy per node; the engine's node pool,
-``anchorage.node_agent.offload.node_pool``): a thread the router moves off a busy replica
-reloads its history from host memory instead of recomputing it. ``anchorage-node-pooled``:
-one allocator over the node's host memory instead (``host_scope = "pooled"``, a reference
-for what the shared reads leave).
+``anchorage-node-pooled``: one allocator over the node's host memory instead of the node pool's
+shared reads (``host_scope = "pooled"``, not deployable: a reference for what the shared reads
+leave).
 ``anchorage-no-target``: prefix-aware admission without the TTFT target (CacheWise's order,
-Anchorage's default before the target) and without the prefill cap; the ablations and the
-other variants change one component of it.
+Anchorage's default before the target), without the prefill cap and without the node pool;
+the ablations and the other variants change one component of it.
 
 Prefetch (CacheScout's between-step warm-up) is not part of the simulator, so it has no
 ablation here.
@@ -50,16 +50,20 @@ from dataclasses import replace
 from anchorage.fleet.spec import StackSpec
 
 FULL = StackSpec(
-    name="anchorage", peer="Anchorage (agent routing, hybrid, prefix-aware, store-all host)",
+    name="anchorage",
+    peer="Anchorage (agent routing, hybrid, prefix-aware, store-all host, node pool)",
     source="anchorage/routing/agent.py, policies/hybrid.py, policies/admission.py, "
-           "tiering/replica.py (store-all), sim/engine.py (long_prefill_tokens)",
+           "tiering/replica.py (store-all), tiering/host_tier.py (share_hosts: the node pool), "
+           "sim/engine.py (long_prefill_tokens)",
     role="anchorage", router="agent", policy="hybrid", admission="prefix-aware",
-    admission_params={"ttft_target_s": "$slo"}, tiering="store-all", long_prefill_tokens=2048)
+    admission_params={"ttft_target_s": "$slo"}, tiering="store-all",
+    tiering_params={"host_scope": "node"}, long_prefill_tokens=2048)
 
 # The ablations and variants change one component of ``anchorage-no-target`` (the full
-# stack without the TTFT target), the stack they were measured against; ``anchorage``
-# against ``anchorage-no-target`` measures the target.
-NO_TARGET = dict(admission_params={}, long_prefill_tokens=0)
+# stack without the TTFT target, the prefill cap and the node pool), the stack they were
+# measured against; ``anchorage-no-prefill-cap`` and ``anchorage-own-host`` measure the cap
+# and the node pool.
+NO_TARGET = dict(admission_params={}, long_prefill_tokens=0, tiering_params={})
 ABLATIONS = {
     "routing": dict(router="llm_d", **NO_TARGET),
     "eviction": dict(policy="lru", **NO_TARGET),
@@ -69,7 +73,7 @@ ABLATIONS = {
 VARIANTS = {
     "no-target": NO_TARGET,
     "no-prefill-cap": dict(long_prefill_tokens=0),
-    "node-host": dict(tiering_params={"host_scope": "node"}),
+    "own-host": dict(tiering_params={}),
     "node-pooled": dict(tiering_params={"host_scope": "pooled"}),
     "tokencake": dict(tiering="tokencake", **NO_TARGET),
     "tokencake-gate": dict(tiering="naive-incremental", **NO_TARGET),
