@@ -431,6 +431,9 @@ OFF_BY_DEFAULT: dict[str, str] = {
     "policy/Reserved blocks per agent": "spatial tiering (modelDefaults.tiering, default off)",
     "policy/Tuning runs": "tuning (the policy's spec.tuning.enabled, default false; the "
                           "operator's tuning is tested in tests/operator)",
+    "policy/Node pool": "the node pool (hostTier.nodePool, default off, with the host tier; "
+                        "two real engines share one in tests/node_agent/"
+                        "test_host_tier_engine.py)",
 }
 # Panels of events this test's workloads do not cause (their series appear with the first
 # event): every request of tests 3-6 must succeed, and the node agents issue no warm-up for
