@@ -20,6 +20,11 @@ No other ``node_agent`` module reads a private field of a vLLM object or patches
    the shape the prefix-aware scheduler needs.
 3. Slots: the attributes Anchorage keeps on vLLM's ``BlockPool`` objects (its policy
    driver, config reloader and the scheduler's waiting-demand callback).
+4. ``ensure_cpu_attention_isa``: vLLM 0.32's CPU attention kernel (ISA ``amx``) runs AMX
+   tiles without asking the kernel for AMX state; torch asks when oneDNN first runs an
+   AMX matmul, which a prefill does. An engine whose first forward pass is a one-token
+   query over a prefix loaded from host memory (a node-pool hit: another engine computed
+   it) dies with SIGILL. The host tier's transfer worker asks once at start.
 
 Not here: the data fields of the objects vLLM hands to the hooked methods, read where they
 arrive: a ``KVCacheBlock``'s ``block_id``, ``block_hash``, ``ref_cnt``, ``is_null``,
@@ -456,3 +461,15 @@ def waiting_demand_source(pool: Any) -> Callable[[], Any] | None:
 
 def set_waiting_demand_source(pool: Any, fn: Callable[[], Any]) -> None:
     pool._anchorage_waiting_demand = fn
+
+
+def ensure_cpu_attention_isa() -> bool:
+    """Ask the kernel for AMX state for this process (module docstring, 4), as torch does
+    before its own AMX matmuls; idempotent, False where there is no AMX (nothing to do)."""
+    import torch
+
+    init = getattr(torch.cpu, "_init_amx", None)
+    try:
+        return bool(init()) if init is not None else False
+    except Exception:  # noqa: BLE001 - no AMX: the kernel then never uses it
+        return False

@@ -109,6 +109,10 @@ class TorchCopyWorker(OffloadingWorker):
         self.timeout_s = timeout_s
         self.refs = kv_caches.group_data_refs
         self.pool = pool  # node_pool.PoolData, or None
+        if not any(t.tensor.is_cuda for t in kv_caches.tensors):
+            from anchorage.node_agent.vllm_compat import ensure_cpu_attention_isa
+
+            ensure_cpu_attention_isa()  # a first forward over loaded KV (vllm_compat, 4)
         self.device: list[torch.Tensor] = []
         self.host: list[torch.Tensor] = []  # (num_chunks * bpc, page) views of the buffers
         self.host_bytes = 0

@@ -429,6 +429,9 @@ def _published(d: Driver) -> int:
     return int(((v % 2 == 0) & (v > 0)).sum())
 
 
+EXACT = prompt(7, 2)[:2 * BS]
+
+
 def pool_owner(pool_dir: str, model_dir: str, **_: Any) -> dict[str, Any]:
     """Engine A of a node pool: session a's first turn (stored in A's host tier and
     published), then it prints ``READY {...}`` and keeps serving nothing until its stdin
@@ -437,11 +440,13 @@ def pool_owner(pool_dir: str, model_dir: str, **_: Any) -> dict[str, Any]:
     a = prompt(1, 20)
     out = d.one(a, "a", max_tokens=4)
     digests = d.block_digests(out["rid"], 20)
-    for k in range(20):  # steps the engine until the turn's stores completed
-        if _published(d) >= 20:
+    x = d.one(EXACT, "x", max_tokens=2)  # a prompt of exactly two blocks
+    for k in range(20):  # steps the engine until the turns' stores completed
+        if _published(d) >= 22:
             break
         d.one(prompt(60 + k, 1), f"z{k}")
     res = {"tokens": out["tokens"], "digests": digests, "published": _published(d),
+           "exact_tokens": x["tokens"],
            "files": sorted(os.listdir(pool_dir)),
            "store_bytes": d.counters().get("vllm:kv_offload_store_bytes", 0.0)}
     sys.stdout.write("READY " + json.dumps(res) + "\n")
@@ -456,6 +461,10 @@ def pool_reader(pool_dir: str, model_dir: str, **_: Any) -> dict[str, Any]:
     which B computes: the control for the KV B loaded."""
     d = Driver(ktc(8 << 20, anchorage={"node_pool_dir": pool_dir}), model_dir=model_dir)
     a2 = prompt(1, 20) + prompt(2, 2)
+    # B's first request ever: a whole prompt A holds (its first forward pass is one token
+    # over two loaded blocks: vllm_compat.ensure_cpu_attention_isa)
+    e0 = d.counters()
+    x = d.one(EXACT, "x", max_tokens=2)
     c0 = d.counters()
     back = d.one(a2, "a", max_tokens=4)
     c1 = d.counters()
@@ -480,7 +489,9 @@ def pool_reader(pool_dir: str, model_dir: str, **_: Any) -> dict[str, Any]:
         "loaded": loaded, "computed_kv": computed,
         "chunk_bytes": d.host_view()["chunk_bytes"],
         "pool": dict(mgr.pool_counts), "worker": dict(w.counts),
-        "peers": sorted(mgr.index.peers), "snapshot": d.host_view()["node_pool"]}
+        "peers": sorted(mgr.index.peers), "snapshot": d.host_view()["node_pool"],
+        "exact_tokens": x["tokens"],
+        "exact_host_tokens": delta(c0, e0, "vllm:prompt_tokens_cached_by_source[host]")}
 
 
 SCENARIOS = {"pool_owner": pool_owner, "pool_reader": pool_reader,
