@@ -30,10 +30,14 @@ blocks per chunk, parallel layout, the block-hash function and its seed: vLLM's 
 then the same for the same tokens) and a live owner; scanned every ``scan_s`` (1 s). A peer
 with another fingerprint is ignored (logged once): it could never share a block.
 
-Reading (the scheduler side, ``PoolIndex``): the peers' version arrays are compared with the
-last copy at most every ``refresh_s`` (20 ms) and the changed chunks update a table digest ->
-(peer, chunk); ``find(key)`` is a hit only while the chunk's current version is even (checked
-at the lookup). vLLM's lookup then counts the chunk as a host hit (``get_load_source``:
+Reading (the scheduler side, ``PoolIndex``): at most every ``refresh_s`` (50 ms), each peer
+whose change counter (the index header's last 8 bytes, incremented by every publish and
+retraction) moved has its version array compared with the last one seen, and the changed
+chunks, at most ``REFRESH_MAX`` (4,096) per refresh over all peers (a joining peer's
+chunks over several), update a table digest -> (peer, chunk); ``find(key)`` is a hit only
+while the chunk's current version is even (checked at the lookup), and any failure of the
+pool is a miss (logged once), never an error in the engine. Cost
+(``bench/bench_node_pool.py``, BENCHMARKS.md): ~3 us a lookup. vLLM's lookup then counts the chunk as a host hit (``get_load_source``:
 ``HOST``); its load spec (``NodeLoadStoreSpec``) carries, per chunk, the owner (-1: this
 engine) and the version seen. The worker (``PoolData``) copies a peer's chunk from the
 peer's ``.kv`` mapping over this engine's own link, then reads the version again: changed
@@ -71,7 +75,9 @@ MAGIC = b"ANCHPOOL"
 FORMAT = 1
 PAGE = mmap.PAGESIZE
 HEADER = 4096
+EPOCH_AT = HEADER - 8   # an index's change counter: the header page's last 8 bytes
 DIGEST = 16
+REFRESH_MAX = 4096      # changed chunks one refresh takes in (the rest: the next ones)
 
 
 class NodePoolError(RuntimeError):
@@ -94,7 +100,7 @@ def fingerprint(parts: dict[str, Any]) -> str:
 def _header(meta: dict[str, Any]) -> bytes:
     body = json.dumps(meta, sort_keys=True).encode()
     out = MAGIC + len(body).to_bytes(4, "little") + body
-    if len(out) > HEADER:
+    if len(out) > EPOCH_AT:
         raise NodePoolError("node pool header too large")
     return out
 
@@ -185,6 +191,10 @@ class _Peer:
         self.meta = _read_header(self.mm) or {}
 
 
+def _epoch(mm) -> np.ndarray:
+    return np.frombuffer(mm, dtype=np.uint64, count=1, offset=EPOCH_AT)
+
+
 def _idx_arrays(mm, n: int) -> tuple[np.ndarray, np.ndarray]:
     versions = np.frombuffer(mm, dtype=np.uint64, count=n, offset=HEADER)
     digests = np.frombuffer(mm, dtype=np.uint8, count=n * DIGEST,
@@ -200,7 +210,7 @@ class PoolIndex:
     """The scheduler side: this engine's published index and its view of the peers'."""
 
     def __init__(self, directory: str, engine_id: str, fp: str, num_chunks: int, *,
-                 refresh_s: float = 0.02, scan_s: float = 1.0,
+                 refresh_s: float = 0.05, scan_s: float = 1.0,
                  clock=time.monotonic) -> None:
         self.dir = directory
         self.engine_id = engine_id
@@ -212,7 +222,9 @@ class PoolIndex:
         meta = {"format": FORMAT, "fingerprint": fp, "chunks": self.n, "engine": engine_id}
         self.own = _Owned(directory, f"{engine_id}.idx", _idx_size(self.n), meta)
         self.versions, self.digests = _idx_arrays(self.own.mm, self.n)
+        self.epoch = _epoch(self.own.mm)
         self.peers: dict[str, tuple[_Peer, np.ndarray, np.ndarray]] = {}
+        self._epochs: dict[str, tuple[np.ndarray, int]] = {}  # peer -> (its counter, seen)
         self._seen: dict[str, np.ndarray] = {}        # peer -> versions at the last refresh
         self._held: dict[str, list[bytes | None]] = {}  # peer -> digest per chunk in table
         self.table: dict[bytes, tuple[str, int]] = {}
@@ -228,15 +240,18 @@ class PoolIndex:
         v = int(self.versions[chunk])
         self.digests[chunk] = np.frombuffer(digest(key), dtype=np.uint8)
         self.versions[chunk] = v + 2 if v % 2 == 0 else v + 1  # even: readable
+        self.epoch[0] += 1
 
     def retract(self, chunk: int) -> None:
         v = int(self.versions[chunk])
         if v % 2 == 0 and v > 0:
             self.versions[chunk] = v + 1
+            self.epoch[0] += 1
 
     def retract_all(self) -> None:
         live = (self.versions % 2 == 0) & (self.versions > 0)
         self.versions[live] += 1
+        self.epoch[0] += 1
 
     # -- the peers --------------------------------------------------------------------------
 
@@ -274,15 +289,18 @@ class PoolIndex:
                 continue
             try:
                 p = _Peer(path)
+                if p.meta.get("fingerprint") != self.fp or p.meta.get("format") != FORMAT:
+                    raise ValueError("another model or KV layout")
+                n = int(p.meta["chunks"])
+                arrays = _idx_arrays(p.mm, n)
             except OSError:
                 continue
-            if p.meta.get("fingerprint") != self.fp or p.meta.get("format") != FORMAT:
+            except (KeyError, TypeError, ValueError) as exc:
                 self._ignored.add(eid)
-                log.warning("anchorage: node pool peer %s has another model or KV layout; "
-                            "its host tier is not shared", eid)
+                log.warning("anchorage: node pool peer %s is not shared (%s)", eid, exc)
                 continue
-            n = int(p.meta["chunks"])
-            self.peers[eid] = (p, *_idx_arrays(p.mm, n))
+            self.peers[eid] = (p, *arrays)
+            self._epochs[eid] = (_epoch(p.mm), -1)
             self._seen[eid] = np.zeros(n, dtype=np.uint64)
             self._held[eid] = [None] * n
             found.add(eid)
@@ -295,6 +313,7 @@ class PoolIndex:
                 del self.table[d]
         self.peers.pop(eid, None)
         self._seen.pop(eid, None)
+        self._epochs.pop(eid, None)
 
     def refresh(self, force: bool = False) -> None:
         now = self.clock()
@@ -304,25 +323,46 @@ class PoolIndex:
         if now < self._next_refresh and not force:
             return
         self._next_refresh = now + self.refresh_s
+        budget = REFRESH_MAX
         for eid, (_, versions, digests) in self.peers.items():
-            cur = versions.copy()
+            counter, seen = self._epochs[eid]
+            e = int(counter[0])
+            if e == seen:
+                continue  # nothing published or retracted since
             last = self._seen[eid]
             held = self._held[eid]
-            for c in np.nonzero(cur != last)[0].tolist():
+            changed = np.nonzero(versions != last)[0]
+            if len(changed) > budget:
+                changed = changed[:budget]  # the rest at the next refreshes
+                e = -1
+            budget -= len(changed)
+            for c in changed.tolist():
                 old = held[c]
                 if old is not None and self.table.get(old, ("",))[0] == eid:
                     del self.table[old]
                 held[c] = None
-                v = int(cur[c])
+                v = int(versions[c])
+                last[c] = v
                 if v % 2 == 0 and v > 0:
                     d = digests[c].tobytes()
                     if int(versions[c]) == v:  # not changed while read
                         held[c] = d
                         self.table[d] = (eid, c)
-            self._seen[eid] = cur
+            self._epochs[eid] = (counter, e)
 
     def find(self, key: bytes) -> tuple[str, int, int] | None:
-        """(peer, chunk, version) of a readable copy of ``key`` in a peer's tier."""
+        """(peer, chunk, version) of a readable copy of ``key`` in a peer's tier; None on
+        any failure of the pool (logged once): the lookup is then a miss."""
+        try:
+            return self._find(key)
+        except Exception:  # noqa: BLE001 - the serving path never breaks on the pool
+            if not self.counts.get("errors"):
+                log.warning("anchorage: node pool lookup failed; treated as a miss",
+                            exc_info=True)
+            self.counts["errors"] = self.counts.get("errors", 0) + 1
+            return None
+
+    def _find(self, key: bytes) -> tuple[str, int, int] | None:
         self.refresh()
         if not self.table:
             return None

@@ -246,3 +246,44 @@ def test_the_snapshot_and_metrics_carry_the_node_pool_only_when_it_is_on():
     off = snap(None)
     assert off["node_pool"] is None
     assert not any("node_pool" in f.name for f in host_tier_families("m", off))
+
+
+def test_refreshes_take_a_backlog_in_bounded_steps_and_skip_unchanged_peers(tmp_path,
+                                                                            monkeypatch):
+    from anchorage.node_agent.offload import node_pool
+
+    monkeypatch.setattr(node_pool, "REFRESH_MAX", 3)
+    a = index(tmp_path, "a", n=8)
+    for c in range(8):
+        a.publish(c, b"k%d" % c)
+    b = index(tmp_path, "b", n=8)
+    sizes = []
+    for _ in range(4):
+        b.refresh(force=True)
+        sizes.append(len(b.table))
+    assert sizes == [3, 6, 8, 8]                  # at most 3 chunks per refresh
+    seen = b._epochs["a"][1]
+    b.refresh(force=True)
+    assert b._epochs["a"][1] == seen == int(a.epoch[0])   # nothing changed: skipped
+    a.retract(2)
+    b.refresh(force=True)
+    assert len(b.table) == 7 and b.find(b"k2") is None
+
+
+def test_a_corrupt_peer_index_is_ignored_and_lookups_never_raise(tmp_path):
+    (tmp_path / "z.idx").write_bytes(b"ANCHPOOL" + (5).to_bytes(4, "little") + b"{bad}")
+    import fcntl
+
+    fd = os.open(tmp_path / "z.idx", os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)               # held: a live engine's file
+    try:
+        b = index(tmp_path, "b")
+        assert "z" not in b.peers and b.find(b"k") is None
+
+        def boom(*_a, **_k):
+            raise OSError("the pool's directory went away")
+
+        b.refresh = boom                         # any failure of the pool: a miss, logged
+        assert b.find(b"k") is None and b.find(b"k") is None and b.counts["errors"] == 2
+    finally:
+        os.close(fd)
