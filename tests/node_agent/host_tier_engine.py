@@ -198,6 +198,15 @@ def delta(after: dict, before: dict, key: str) -> float:
     return after.get(key, 0.0) - before.get(key, 0.0)
 
 
+def served(after: dict, before: dict) -> dict[str, float]:
+    """What vLLM's counters say a turn took from each source, and the bytes it loaded."""
+    return {
+        "host_tokens": delta(after, before, "vllm:prompt_tokens_cached_by_source[host]"),
+        "device_tokens": delta(after, before, "vllm:prompt_tokens_cached_by_source[device]"),
+        "computed": delta(after, before, "vllm:prompt_tokens_by_source[local_compute]"),
+        "load_bytes": delta(after, before, "vllm:kv_offload_load_bytes")}
+
+
 def stall_reload(**_: Any) -> dict[str, Any]:
     """A session's prefix, evicted from the device pool during a tool stall, comes back
     from host memory; the same tokens as recomputing it."""
@@ -223,11 +232,7 @@ def stall_reload(**_: Any) -> dict[str, Any]:
     host = d.host_view()
     conn.tracker.maybe_write(conn.anchorage.state_path, 0.0, d.clock(), True)
     return {
-        "prompt_tokens": len(a2), "prefix_tokens": 20 * BS,
-        "host_tokens": delta(after, before, "vllm:prompt_tokens_cached_by_source[host]"),
-        "device_tokens": delta(after, before, "vllm:prompt_tokens_cached_by_source[device]"),
-        "computed": delta(after, before, "vllm:prompt_tokens_by_source[local_compute]"),
-        "load_bytes": delta(after, before, "vllm:kv_offload_load_bytes"),
+        "prompt_tokens": len(a2), "prefix_tokens": 20 * BS, **served(after, before),
         "store_bytes": after.get("vllm:kv_offload_store_bytes", 0.0),
         "same_tokens": back["tokens"] == fresh["tokens"], "tokens": back["tokens"],
         "fresh_computed": delta(again, after, "vllm:prompt_tokens_by_source[local_compute]"),
@@ -478,10 +483,7 @@ def pool_reader(pool_dir: str, model_dir: str, **_: Any) -> dict[str, Any]:
     mgr = d.connector.connector_scheduler.manager
     w = d.copy_worker()
     return {
-        "prompt_tokens": len(a2), "prefix_tokens": 20 * BS,
-        "host_tokens": delta(c1, c0, "vllm:prompt_tokens_cached_by_source[host]"),
-        "computed": delta(c1, c0, "vllm:prompt_tokens_by_source[local_compute]"),
-        "load_bytes": delta(c1, c0, "vllm:kv_offload_load_bytes"),
+        "prompt_tokens": len(a2), "prefix_tokens": 20 * BS, **served(c1, c0),
         "store_bytes": delta(c2, c0, "vllm:kv_offload_store_bytes"),
         "other_host_tokens": delta(c3, c2, "vllm:prompt_tokens_cached_by_source[host]"),
         "other_computed": delta(c3, c2, "vllm:prompt_tokens_by_source[local_compute]"),
