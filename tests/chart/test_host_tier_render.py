@@ -108,10 +108,24 @@ def test_the_node_pool_renders_its_directory_mount_and_connector_key():
     # the node agent never mounts it
     agent = next(c for c in pod["containers"] if c["name"] == "node-agent")
     assert all(m["name"] != "anchorage-pool" for m in agent["volumeMounts"])
+    # kubelet creates the hostPath as root: an init container gives the model's directory
+    # to the engines' user (the pod's runAsUser / runAsGroup), root with CHOWN alone
+    (init,) = pod["initContainers"]
+    env = {e["name"]: e["value"] for e in init["env"]}
+    assert env == {"POOL_DIR": "/run/anchorage-pool/m", "POOL_UID": "1000",
+                   "POOL_GID": "1000"}
+    sc = init["securityContext"]
+    assert sc["runAsUser"] == 0 and sc["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+    assert sc["allowPrivilegeEscalation"] is False
+    assert pod["securityContext"]["runAsUser"] == 1000
+    pod = _pod({"models": [model("m", hostTier=tier, podSecurityContext={"runAsUser": 2000})]})
+    env = {e["name"]: e["value"] for e in pod["initContainers"][0]["env"]}
+    assert env["POOL_UID"] == "2000"
     for off in ({"enabled": True, "memoryGiB": 64},
                 {"enabled": False, "memoryGiB": 64, "nodePool": {"enabled": True}}):
         pod = _pod({"models": [model("m", hostTier=off)]})
         assert all(v["name"] != "anchorage-pool" for v in pod["volumes"])
+        assert "initContainers" not in pod
         c = next(c for c in pod["containers"] if c["name"] == "vllm")
         ktc = _ktc(c)
         assert ktc is None or "node_pool_dir" not in ktc["kv_connector_extra_config"].get(
