@@ -151,6 +151,14 @@ def test_a_session_moved_to_another_engine_of_the_node_reloads_from_the_node_poo
     assert b["load_bytes"] == 20 * b["chunk_bytes"]   # the second request's
     assert b["loaded"] == a["digests"] == b["computed_kv"]
     assert b["tokens"] == b["other_tokens"]
+    # the simulator's node scope (host_tier.share_hosts) on the same turns says the same
+    from anchorage.tiering.host_tier import HostTier, HostTierConfig, share_hosts
+
+    ha, hb = (HostTier(HostTierConfig(capacity_bytes=256), bytes_per_block=1) for _ in "ab")
+    share_hosts([ha, hb])
+    ha.store([("a", i) for i in range(20)] + [("x", i) for i in range(2)])
+    assert hb.run([("x", 0), ("x", 1)], 0, 2) * BS == b["exact_host_tokens"]
+    assert hb.run([("a", i) for i in range(22)], 0, 22) * BS == b["host_tokens"]
     # one copy per node: B stored its two new blocks (and its fillers'), not A's twenty
     assert b["store_bytes"] < 20 * b["chunk_bytes"], (b["store_bytes"], b["chunk_bytes"])
     print("node pool:", b["pool"], b["worker"], b["store_bytes"] / b["chunk_bytes"])
