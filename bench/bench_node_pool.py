@@ -37,7 +37,7 @@ def run(peers: int, chunks: int, changes: int) -> dict:
             me.refresh()
             worst = max(worst, time.perf_counter() - t)
             n += 1
-            if all(me._epochs[e][1] == int(me._epochs[e][0][0]) for e in me.peers):
+            if all(v.seen_epoch == int(v.epoch[0]) for v in me.peers.values()):
                 break
         join_s = time.perf_counter() - t0
         t = time.perf_counter()

@@ -160,7 +160,10 @@ class HostTier:
 
     def held(self, key: Hashable) -> bool:
         """In this tier or a peer's (``share_hosts``)."""
-        return key in self.keys or any(key in p.keys for p in self.peers)
+        return key in self.keys or self._in_peers(key)
+
+    def _in_peers(self, key: Hashable) -> bool:
+        return any(key in p.keys for p in self.peers)
 
     def round_trip_s(self, blocks_out: int, blocks_in: int) -> float:
         """Time to move ``blocks_out`` to host and ``blocks_in`` back, links idle."""
@@ -171,12 +174,11 @@ class HostTier:
         """Hold ``keys`` (a completed offload); the least recently used keys make room."""
         held = self.keys
         cap = self.capacity_blocks
-        peers = self.peers
         for k in keys:
             if k in held:
                 held.move_to_end(k)
                 continue
-            if peers and any(k in p.keys for p in peers):
+            if self.peers and self._in_peers(k):
                 continue  # one copy per node
             if cap <= 0:
                 return
@@ -189,13 +191,12 @@ class HostTier:
     def run(self, keys: Sequence[Hashable], start: int, limit: int) -> int:
         """Consecutive keys from ``start`` (up to ``limit``) held here; refreshes them."""
         held = self.keys
-        peers = self.peers
         n = start
         while n < limit:
             k = keys[n]
             if k in held:
                 held.move_to_end(k)
-            elif not (peers and any(k in p.keys for p in peers)):
+            elif not (self.peers and self._in_peers(k)):
                 break
             n += 1
         return n - start

@@ -206,6 +206,28 @@ def _idx_size(n: int) -> int:
     return HEADER + _align(8 * n) + _align(DIGEST * n)
 
 
+@dataclass
+class _PeerView:
+    """What this engine knows of one peer's index: its mapping and arrays, its change
+    counter and the value last taken in (-1: a backlog left), the versions last taken in,
+    and per chunk the digest this engine's table holds for it."""
+
+    file: _Peer
+    versions: np.ndarray
+    digests: np.ndarray
+    epoch: np.ndarray
+    seen_epoch: int
+    last: np.ndarray
+    held: list
+
+    def forget(self, table: dict, eid: str, c: int) -> None:
+        """Chunk ``c``'s entry leaves ``table`` (if it is still this peer's)."""
+        d = self.held[c]
+        if d is not None and table.get(d, ("",))[0] == eid:
+            del table[d]
+        self.held[c] = None
+
+
 class PoolIndex:
     """The scheduler side: this engine's published index and its view of the peers'."""
 
@@ -223,15 +245,12 @@ class PoolIndex:
         self.own = _Owned(directory, f"{engine_id}.idx", _idx_size(self.n), meta)
         self.versions, self.digests = _idx_arrays(self.own.mm, self.n)
         self.epoch = _epoch(self.own.mm)
-        self.peers: dict[str, tuple[_Peer, np.ndarray, np.ndarray]] = {}
-        self._epochs: dict[str, tuple[np.ndarray, int]] = {}  # peer -> (its counter, seen)
-        self._seen: dict[str, np.ndarray] = {}        # peer -> versions at the last refresh
-        self._held: dict[str, list[bytes | None]] = {}  # peer -> digest per chunk in table
+        self.peers: dict[str, _PeerView] = {}
         self.table: dict[bytes, tuple[str, int]] = {}
         self._ignored: set[str] = set()
         self._next_scan = 0.0
         self._next_refresh = 0.0
-        self.counts = {"peer_hits": 0, "peer_stale": 0, "deduplicated": 0}
+        self.counts = {"peer_hits": 0, "peer_stale": 0, "deduplicated": 0, "errors": 0}
         self._scan()  # the peers now; the files of engines that are gone are removed
 
     # -- this engine's chunks -----------------------------------------------------------
@@ -299,21 +318,16 @@ class PoolIndex:
                 self._ignored.add(eid)
                 log.warning("anchorage: node pool peer %s is not shared (%s)", eid, exc)
                 continue
-            self.peers[eid] = (p, *arrays)
-            self._epochs[eid] = (_epoch(p.mm), -1)
-            self._seen[eid] = np.zeros(n, dtype=np.uint64)
-            self._held[eid] = [None] * n
+            self.peers[eid] = _PeerView(p, *arrays, epoch=_epoch(p.mm), seen_epoch=-1,
+                                        last=np.zeros(n, dtype=np.uint64), held=[None] * n)
             found.add(eid)
         for eid in [e for e in self.peers if e not in found]:
             self._drop(eid)
 
     def _drop(self, eid: str) -> None:
-        for d in self._held.pop(eid, ()):
-            if d is not None and self.table.get(d, ("",))[0] == eid:
-                del self.table[d]
-        self.peers.pop(eid, None)
-        self._seen.pop(eid, None)
-        self._epochs.pop(eid, None)
+        view = self.peers.pop(eid)
+        for c in range(len(view.held)):
+            view.forget(self.table, eid, c)
 
     def refresh(self, force: bool = False) -> None:
         now = self.clock()
@@ -324,31 +338,26 @@ class PoolIndex:
             return
         self._next_refresh = now + self.refresh_s
         budget = REFRESH_MAX
-        for eid, (_, versions, digests) in self.peers.items():
-            counter, seen = self._epochs[eid]
-            e = int(counter[0])
-            if e == seen:
+        for eid, view in self.peers.items():
+            e = int(view.epoch[0])
+            if e == view.seen_epoch:
                 continue  # nothing published or retracted since
-            last = self._seen[eid]
-            held = self._held[eid]
-            changed = np.nonzero(versions != last)[0]
+            versions = view.versions
+            changed = np.nonzero(versions != view.last)[0]
             if len(changed) > budget:
                 changed = changed[:budget]  # the rest at the next refreshes
                 e = -1
             budget -= len(changed)
             for c in changed.tolist():
-                old = held[c]
-                if old is not None and self.table.get(old, ("",))[0] == eid:
-                    del self.table[old]
-                held[c] = None
+                view.forget(self.table, eid, c)
                 v = int(versions[c])
-                last[c] = v
+                view.last[c] = v
                 if v % 2 == 0 and v > 0:
-                    d = digests[c].tobytes()
+                    d = view.digests[c].tobytes()
                     if int(versions[c]) == v:  # not changed while read
-                        held[c] = d
+                        view.held[c] = d
                         self.table[d] = (eid, c)
-            self._epochs[eid] = (counter, e)
+            view.seen_epoch = e
 
     def find(self, key: bytes) -> tuple[str, int, int] | None:
         """(peer, chunk, version) of a readable copy of ``key`` in a peer's tier; None on
@@ -356,10 +365,10 @@ class PoolIndex:
         try:
             return self._find(key)
         except Exception:  # noqa: BLE001 - the serving path never breaks on the pool
-            if not self.counts.get("errors"):
+            if not self.counts["errors"]:
                 log.warning("anchorage: node pool lookup failed; treated as a miss",
                             exc_info=True)
-            self.counts["errors"] = self.counts.get("errors", 0) + 1
+            self.counts["errors"] += 1
             return None
 
     def _find(self, key: bytes) -> tuple[str, int, int] | None:
@@ -371,9 +380,9 @@ class PoolIndex:
         if hit is None:
             return None
         eid, c = hit
-        peer = self.peers.get(eid)
-        v = int(peer[1][c]) if peer is not None else 1
-        if v % 2 or peer[2][c].tobytes() != d:
+        view = self.peers.get(eid)
+        v = int(view.versions[c]) if view is not None else 1
+        if v % 2 or view.digests[c].tobytes() != d:
             self.counts["peer_stale"] += 1
             return None
         return eid, c, v
@@ -460,13 +469,3 @@ class PoolData:
         self.buffers = []
         self.peers.clear()
         self.own.close()
-
-
-@dataclass
-class PeerChunks:
-    """Per chunk of a load: its owner (-1: this engine; else an index into ``peers``) and
-    the version the scheduler side saw."""
-
-    owners: np.ndarray
-    versions: np.ndarray
-    peers: tuple[str, ...]

@@ -262,9 +262,9 @@ def test_refreshes_take_a_backlog_in_bounded_steps_and_skip_unchanged_peers(tmp_
         b.refresh(force=True)
         sizes.append(len(b.table))
     assert sizes == [3, 6, 8, 8]                  # at most 3 chunks per refresh
-    seen = b._epochs["a"][1]
+    seen = b.peers["a"].seen_epoch
     b.refresh(force=True)
-    assert b._epochs["a"][1] == seen == int(a.epoch[0])   # nothing changed: skipped
+    assert b.peers["a"].seen_epoch == seen == int(a.epoch[0])   # nothing changed: skipped
     a.retract(2)
     b.refresh(force=True)
     assert len(b.table) == 7 and b.find(b"k2") is None
