@@ -584,7 +584,11 @@ def pods_workload(routers: list[str], run: str, sessions: int = 24, turns: int =
     has applied as many peer decisions (``PEER_APPLIED``, its one replica) as the other pods
     made so far: placement quality is then measured with the decisions shared, whatever the
     push delay on a busy machine (staleness is the histogram's to measure, not this test's).
-    ``late`` counts the turns sent after a wait ran out (decisions not shared in time)."""
+    ``late`` counts the turns sent after a wait ran out (decisions not shared in time).
+    ``followed``: the share of turns after a session's first that found the session's
+    whole previous prompt cached (they went where the session's history is): the part of
+    the hit rate that sharing decides (a session's anchor is cached on several upstreams
+    whichever pod places it)."""
     import random as _r
     rng = _r.Random(f"{seed}:{run}")
     anchors = [[rng.randrange(1000) for _ in range(16 * 8)] for _ in range(4)]
@@ -608,10 +612,11 @@ def pods_workload(routers: list[str], run: str, sessions: int = 24, turns: int =
                 return
             time.sleep(0.05)
 
-    def session(s: int) -> tuple[int, int, int]:
-        cached = total = bad = 0
+    def session(s: int) -> tuple[int, int, int, int]:
+        cached = total = bad = followed = 0
         with httpx.Client(timeout=30) as c:
             for t in range(turns):
+                prev = len(hist[s])
                 hist[s] += extra[s][t]
                 i = (s + t) % len(routers)
                 if shared:
@@ -625,27 +630,32 @@ def pods_workload(routers: list[str], run: str, sessions: int = 24, turns: int =
                 with lock:
                     made[i] += 1
                 u = r.json()["usage"]
-                cached += u["prompt_tokens_details"]["cached_tokens"]
+                hit = u["prompt_tokens_details"]["cached_tokens"]
+                cached += hit
                 total += u["prompt_tokens"]
+                followed += t > 0 and hit >= prev
                 time.sleep(gap_s)
-        return cached, total, bad
+        return cached, total, bad, followed
     with ThreadPoolExecutor(8) as ex:
         res = list(ex.map(session, range(sessions)))
-    return {"hit_rate": sum(c for c, _, _ in res) / max(1, sum(t for _, t, _ in res)),
-            "failed": sum(b for _, _, b in res), "late": late[0], "made": made}
+    return {"hit_rate": sum(r[0] for r in res) / max(1, sum(r[1] for r in res)),
+            "followed": sum(r[3] for r in res) / max(1, sessions * (turns - 1)),
+            "failed": sum(r[2] for r in res), "late": late[0], "made": made}
 
 
-def wait_pod_accepts(url: str, token: str, times: int = 3, timeout_s: float = 60) -> bool:
-    """Until the router pod at ``url`` accepts ``times`` pushes in a row (an empty batch
-    from pod ``probe``): after a redeploy its ingress may still send requests to the
-    previous version (which shared nothing, 403) for a while."""
+def wait_pod_answers(url: str, token: str, status: int = 200, times: int = 3,
+                     timeout_s: float = 60) -> bool:
+    """Until the router pod at ``url`` answers ``times`` pushes in a row (an empty batch
+    from pod ``probe`` with ``token``) with ``status``: 200 when it accepts the token, 403
+    when it refuses it. After a redeploy its ingress may still send requests to the
+    previous version (which trusted another token, or none) for a while."""
     from anchorage.router.pods import PATH
     deadline, ok = time.time() + timeout_s, 0
     while ok < times and time.time() < deadline:
         try:
             r = httpx.post(url + PATH, timeout=5, headers={"x-anchorage-internal": token},
                            content=b'{"origin": "probe/0", "pod": "probe", "batch": []}')
-            ok = ok + 1 if r.status_code == 200 else 0
+            ok = ok + 1 if r.status_code == status else 0
         except httpx.HTTPError:
             ok = 0
         time.sleep(0.1)
