@@ -34,7 +34,13 @@ peer's key is not refreshed: its owner's order decides when it goes), and ``stor
 keys a peer holds (one copy per node: a session another GPU stored is not copied again).
 ``pool_hosts(hosts)``: the host tiers as one DRAM pool (a reference: one key table, LRU
 over the pool, capacity the sum of theirs, each GPU its own links): what one allocator for
-the whole node would add over ``share_hosts``. Counters stay per tier.
+the whole node would add over ``share_hosts``. ``lru_hosts(hosts)``: a reference between
+the two (not in the engine yet; docs/research/fleet.md, "What the node pool leaves to one
+allocator"): each GPU keeps the blocks it stored in its own tier and reads its peers' as
+``share_hosts``, but capacity and recency are the node's: a read refreshes the block in its
+owner's order, any tier may grow while the node holds less than the sum of their
+capacities, and a store into a full node drops the node's least recently used block,
+whichever tier holds it. Counters stay per tier.
 
 ``recompute_s(profile, context_tokens, n_tokens)``: what the alternative to a transfer
 costs, the prefill compute of ``n`` tokens after ``c`` tokens of context, with the FLOPs
@@ -150,9 +156,12 @@ class HostTier:
         self.stored_blocks = 0
         self.dropped_blocks = 0
         self.peers: tuple[HostTier, ...] = ()  # the node's other tiers (share_hosts)
+        self.node: _NodeLRU | None = None        # the node's capacity and order (lru_hosts)
 
     @property
     def free_blocks(self) -> int:
+        if self.node is not None:
+            return self.node.budget - self.node.used
         return self.capacity_blocks - len(self.keys)
 
     def __contains__(self, key: Hashable) -> bool:
@@ -165,6 +174,17 @@ class HostTier:
     def _in_peers(self, key: Hashable) -> bool:
         return any(key in p.keys for p in self.peers)
 
+    def _read_peer(self, key: Hashable) -> bool:
+        """In a peer's tier; with a node order (``lru_hosts``) the read refreshes it there."""
+        node = self.node
+        for p in self.peers:
+            if key in p.keys:
+                if node is not None:
+                    p.keys.move_to_end(key)
+                    p.keys[key] = node.tick()
+                return True
+        return False
+
     def round_trip_s(self, blocks_out: int, blocks_in: int) -> float:
         """Time to move ``blocks_out`` to host and ``blocks_in`` back, links idle."""
         bb = self.block_bytes
@@ -174,12 +194,22 @@ class HostTier:
         """Hold ``keys`` (a completed offload); the least recently used keys make room."""
         held = self.keys
         cap = self.capacity_blocks
+        node = self.node
         for k in keys:
             if k in held:
                 held.move_to_end(k)
+                if node is not None:
+                    held[k] = node.tick()
                 continue
-            if self.peers and self._in_peers(k):
+            if self.peers and self._read_peer(k):
                 continue  # one copy per node
+            if node is not None:
+                if not node.make_room():
+                    return
+                held[k] = node.tick()
+                node.used += 1
+                self.stored_blocks += 1
+                continue
             if cap <= 0:
                 return
             while len(held) >= cap:
@@ -196,7 +226,9 @@ class HostTier:
             k = keys[n]
             if k in held:
                 held.move_to_end(k)
-            elif not (self.peers and self._in_peers(k)):
+                if self.node is not None:
+                    held[k] = self.node.tick()
+            elif not (self.peers and self._read_peer(k)):
                 break
             n += 1
         return n - start
@@ -206,6 +238,48 @@ def share_hosts(hosts: Sequence[HostTier]) -> None:
     """Make ``hosts`` (one node's GPUs) read one another (module specification)."""
     for h in hosts:
         h.peers = tuple(p for p in hosts if p is not h)
+
+
+class _NodeLRU:
+    """The node's capacity and recency order over its GPUs' own tiers (``lru_hosts``):
+    each tier's keys map to the tick of their last use, so a tier's first key is its least
+    recently used and the node's is the oldest of those."""
+
+    __slots__ = ("budget", "clock", "hosts", "used")
+
+    def __init__(self, hosts: Sequence[HostTier]):
+        self.hosts = tuple(hosts)
+        self.budget = sum(h.capacity_blocks for h in hosts)
+        self.used = sum(len(h.keys) for h in hosts)
+        self.clock = 0
+
+    def tick(self) -> int:
+        self.clock += 1
+        return self.clock
+
+    def make_room(self) -> bool:
+        """Room for one more block: the node's least recently used goes while it is full
+        (False when the node has no capacity at all)."""
+        if self.budget <= 0:
+            return False
+        while self.used >= self.budget:
+            oldest = min((h for h in self.hosts if h.keys),
+                         key=lambda h: next(iter(h.keys.values())))
+            oldest.keys.popitem(last=False)
+            oldest.dropped_blocks += 1
+            self.used -= 1
+        return True
+
+
+def lru_hosts(hosts: Sequence[HostTier]) -> None:
+    """Make ``hosts`` (one node's GPUs) read one another with the node's capacity and LRU
+    order over their own tiers (module specification)."""
+    share_hosts(hosts)
+    node = _NodeLRU(hosts)
+    for h in hosts:
+        for k in h.keys:
+            h.keys[k] = node.tick()
+        h.node = node
 
 
 def pool_hosts(hosts: Sequence[HostTier]) -> None:

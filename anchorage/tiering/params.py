@@ -27,9 +27,10 @@ stalled session's host copy and the just-in-time reload; with ``anchorage`` or
 ``oracle`` only). ``host_scope`` (``HOST_SCOPES``): ``replica`` (default: each replica's
 host tier is its own), ``node`` (each replica's tier is its own and read by the node's
 other replicas, one copy per node: the engine's node pool,
-``anchorage.tiering.host_tier.share_hosts``) or ``pooled`` (one allocator over the node's
-host memory: ``host_tier.pool_hosts``, a reference); the scopes other than ``replica`` need
-a mode other than ``offload``.
+``anchorage.tiering.host_tier.share_hosts``), ``node-lru`` (the same with the node's
+capacity and LRU order over the tiers: ``host_tier.lru_hosts``, a reference) or ``pooled``
+(one allocator over the node's host memory: ``host_tier.pool_hosts``, a reference); the
+scopes other than ``replica`` need a mode other than ``offload``.
 
 ``TemporalParams.from_env(env)``: the engine's configuration (``ANCHORAGE_HOST_BYTES``,
 required, > 0: the host budget in bytes, the offload connector's ``cpu_bytes_to_use``;
@@ -56,7 +57,7 @@ ENV_LINK_GBS = "ANCHORAGE_HOST_LINK_GBS"
 ENV_WATERMARK = "ANCHORAGE_TEMPORAL_WATERMARK"
 MODES = ("off", "naive", "naive-incremental", "store-all", "temporal", "tokencake", "offload")
 HOST_POLICIES = ("lru", "arc", "anchorage", "oracle")
-HOST_SCOPES = ("replica", "node", "pooled")
+HOST_SCOPES = ("replica", "node", "node-lru", "pooled")
 UNBOUNDED = 1 << 62
 
 

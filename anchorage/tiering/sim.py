@@ -20,7 +20,8 @@ policy (``offload``: a ``SimOffload``, the policy unwrapped); the pooled router 
 (tiering needs one pool per replica).
 
 ``TieringConfig.host_scope = "node"``: the replicas are one node's GPUs whose host tiers
-read one another (``host_tier.share_hosts``: the engine's node pool; ``pooled``: one key
+read one another (``host_tier.share_hosts``: the engine's node pool; ``node-lru``: the
+same with the node's capacity and LRU order, ``host_tier.lru_hosts``; ``pooled``: one key
 table and capacity, ``host_tier.pool_hosts``), so a session that moves to another replica
 reloads its history instead of recomputing it.
 
@@ -42,7 +43,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from anchorage.tiering.eviction import TieredEviction
-from anchorage.tiering.host_tier import pool_hosts, share_hosts
+from anchorage.tiering.host_tier import lru_hosts, pool_hosts, share_hosts
 from anchorage.tiering.params import MODES, TieringConfig
 from anchorage.tiering.replica import SimTiering, agent_of
 from anchorage.tiering.sim_offload import SimOffload
@@ -121,6 +122,8 @@ def simulate_tiered(records, contexts, cfg, policy: str, router: str = "session"
             ctl.append(rep.tiering)
         if tiering.host_scope == "node":   # the simulated replicas are one node's GPUs
             share_hosts([c.host for c in ctl])
+        elif tiering.host_scope == "node-lru":
+            lru_hosts([c.host for c in ctl])
         elif tiering.host_scope == "pooled":
             pool_hosts([c.host for c in ctl])
         for v in sim.views:   # what the router sees: evicted KV is kept in host memory

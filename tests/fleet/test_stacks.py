@@ -54,11 +54,13 @@ def test_anchorage_ablations_change_exactly_one_component():
     # the variants of the full stack itself
     of_full = {"anchorage-no-prefill-cap": "long_prefill_tokens",
                "anchorage-own-host": "tiering_params",
-               "anchorage-node-pooled": "tiering_params"}
+               "anchorage-node-pooled": "tiering_params",
+               "anchorage-node-lru": "tiering_params"}
     for n, f in of_full.items():
         assert [g for g in fields if getattr(get_stack(n), g) != getattr(full, g)] == [f], n
     assert get_stack("anchorage-own-host").tiering_params == {}   # each replica its own
     assert get_stack("anchorage-node-pooled").tiering_params == {"host_scope": "pooled"}
+    assert get_stack("anchorage-node-lru").tiering_params == {"host_scope": "node-lru"}
     for n in stack_names("ablation"):
         if n == base.name or n in of_full or not n.startswith("anchorage-"):
             continue

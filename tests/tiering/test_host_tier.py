@@ -6,6 +6,7 @@ from anchorage.tiering.host_tier import (
     HostTierConfig,
     Link,
     block_bytes,
+    lru_hosts,
     pool_hosts,
     share_hosts,
     recompute_s,
@@ -72,6 +73,30 @@ def test_shared_host_tiers_read_each_other_keep_their_own_capacity_and_one_copy(
     assert not b.held("x") and b.held("y")           # did not refresh it)
     assert b.run(["x", "y"], 0, 2) == 0 and b.run(["y", "w"], 0, 2) == 2
     assert a.h2d is not b.h2d and a.d2h is not b.d2h
+
+
+def test_node_lru_tiers_grow_into_the_nodes_capacity_and_drop_the_nodes_oldest():
+    a = HostTier(HostTierConfig(capacity_bytes=2 * 100), bytes_per_block=100)
+    b = HostTier(HostTierConfig(capacity_bytes=2 * 100), bytes_per_block=100)
+    a.store(["x"])
+    lru_hosts([a, b])
+    a.store(["y", "z"])                              # past a's own 2: the node has 4
+    assert list(a.keys) == ["x", "y", "z"] and a.free_blocks == b.free_blocks == 1
+    b.store(["w"])
+    assert b.run(["x"], 0, 1) == 1                    # b's read refreshes x in a's order
+    b.store(["y", "v"])                               # y is a's (one copy); v: the node is
+    assert "v" in b and "y" in a                      # full, its oldest goes: z (a's)
+    assert "z" not in a and list(a.keys) == ["x", "y"]
+    assert a.dropped_blocks == 1 and b.dropped_blocks == 0
+    assert a.stored_blocks == 3 and b.stored_blocks == 2
+    # the same stores with the node pool (share_hosts): a stays within its own 2, and b's
+    # read does not save x
+    c = HostTier(HostTierConfig(capacity_bytes=2 * 100), bytes_per_block=100)
+    d = HostTier(HostTierConfig(capacity_bytes=2 * 100), bytes_per_block=100)
+    c.store(["x"])
+    share_hosts([c, d])
+    c.store(["y", "z"])
+    assert list(c.keys) == ["y", "z"]
 
 
 def test_bad_config():

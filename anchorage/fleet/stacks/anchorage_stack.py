@@ -36,7 +36,9 @@ the gate places programs itself, so Anchorage's router is not used. The router h
 program gate yet: this row measures what one would add, it is not a deployable stack.
 ``anchorage-node-pooled``: one allocator over the node's host memory instead of the node pool's
 shared reads (``host_scope = "pooled"``, not deployable: a reference for what the shared reads
-leave).
+leave). ``anchorage-node-lru``: the node pool with the node's capacity and LRU order over
+the GPUs' own tiers (``host_scope = "node-lru"``, not in the engine yet: a reference for a
+node-wide LRU).
 ``anchorage-no-target``: prefix-aware admission without the TTFT target (CacheWise's order,
 Anchorage's default before the target), without the prefill cap and without the node pool;
 the ablations and the other variants change one component of it.
@@ -75,6 +77,7 @@ VARIANTS = {
     "no-prefill-cap": dict(long_prefill_tokens=0),
     "own-host": dict(tiering_params={}),
     "node-pooled": dict(tiering_params={"host_scope": "pooled"}),
+    "node-lru": dict(tiering_params={"host_scope": "node-lru"}),
     "tokencake": dict(tiering="tokencake", **NO_TARGET),
     "tokencake-gate": dict(tiering="naive-incremental", **NO_TARGET),
     "tokencake-spatial": dict(tiering="temporal", **NO_TARGET),
