@@ -82,14 +82,17 @@ class AnchorageOffloadingSpec(CPUOffloadingSpec):
         from anchorage.node_agent.offload.node_pool import PoolIndex
         from anchorage.node_agent.offload.pool_manager import NodePoolManager
 
+        # vLLM's manager as vLLM builds it from the same configuration (its parsing of
+        # store_threshold and max_tracker_size stays vLLM's), then the pool's with its
+        # arguments
+        stock = super().get_manager()
         index = PoolIndex(pool_dir, safe_id(self.config.engine_id),
                           pool_fingerprint(self.config), self.num_chunks)
         self._manager = NodePoolManager(
             index, num_chunks=self.num_chunks, cache_policy=self.eviction_policy,
             cache_policy_module_path=self.cache_policy_module_path,
-            enable_events=self.kv_events_config.enable_kv_cache_events,
-            store_threshold=int(self.extra_config.get("store_threshold", 0)),
-            max_tracker_size=int(self.extra_config.get("max_tracker_size", 64_000)))
+            enable_events=stock.events is not None,
+            store_threshold=stock.store_threshold, max_tracker_size=stock.max_tracker_size)
         return self._manager
 
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
