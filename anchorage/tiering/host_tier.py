@@ -37,8 +37,8 @@ over the pool, capacity the sum of theirs, each GPU its own links): what one all
 the whole node would add over ``share_hosts``. ``lru_hosts(hosts)``: a reference between
 the two (not in the engine yet; docs/research/fleet.md, "What the node pool leaves to one
 allocator"): each GPU keeps the blocks it stored in its own tier and reads its peers' as
-``share_hosts``, but capacity and recency are the node's: a read refreshes the block in its
-owner's order, any tier may grow while the node holds less than the sum of their
+``share_hosts``, but capacity and recency are the node's: a use of a block (a read, or a
+store skipped because a peer holds it) refreshes it in its owner's order, any tier may grow while the node holds less than the sum of their
 capacities, and a store into a full node drops the node's least recently used block,
 whichever tier holds it. Counters stay per tier.
 
