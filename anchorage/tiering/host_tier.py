@@ -28,15 +28,15 @@ A host copy stays after a reload (the next offload of the session then moves onl
 blocks), as vLLM's CPU offload keeps its copies.
 
 ``share_hosts(hosts)``: the host tiers of one node's GPUs read one another (the engine's node
-pool, ``anchorage.node_agent.offload.node_pool``): each keeps its own capacity, LRU order
+pool with ``growth`` 1, about: ``anchorage.node_agent.offload.node_pool``): each keeps its own capacity, LRU order
 and links; ``run`` continues a prefix with keys a peer holds (the loader's own link; a
 peer's key is not refreshed: its owner's order decides when it goes), and ``store`` skips
 keys a peer holds (one copy per node: a session another GPU stored is not copied again).
 ``pool_hosts(hosts)``: the host tiers as one DRAM pool (a reference: one key table, LRU
 over the pool, capacity the sum of theirs, each GPU its own links): what one allocator for
-the whole node would add over ``share_hosts``. ``lru_hosts(hosts)``: a reference between
-the two (not in the engine yet; docs/research/fleet.md, "What the node pool leaves to one
-allocator"): each GPU keeps the blocks it stored in its own tier and reads its peers' as
+the whole node would add over ``share_hosts``. ``lru_hosts(hosts)``: the engine's node pool
+(``anchorage.node_agent.offload.pool_manager``; docs/research/fleet.md, "What the node pool
+leaves to one allocator"): each GPU keeps the blocks it stored in its own tier and reads its peers' as
 ``share_hosts``, but capacity and recency are the node's: a use of a block (a read, or a
 store skipped because a peer holds it) refreshes it in its owner's order, any tier may grow while the node holds less than the sum of their
 capacities, and a store into a full node drops the node's least recently used block,

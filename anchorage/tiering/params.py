@@ -26,9 +26,9 @@ what host memory keeps) and ``reload_ahead`` (default False: the temporal gate p
 stalled session's host copy and the just-in-time reload; with ``anchorage`` or
 ``oracle`` only). ``host_scope`` (``HOST_SCOPES``): ``replica`` (default: each replica's
 host tier is its own), ``node`` (each replica's tier is its own and read by the node's
-other replicas, one copy per node: the engine's node pool,
-``anchorage.tiering.host_tier.share_hosts``), ``node-lru`` (the same with the node's
-capacity and LRU order over the tiers: ``host_tier.lru_hosts``, a reference) or ``pooled``
+other replicas, one copy per node: ``anchorage.tiering.host_tier.share_hosts``), ``node-lru``
+(the same with the node's capacity and LRU order over the tiers: the engine's node pool,
+``host_tier.lru_hosts``) or ``pooled``
 (one allocator over the node's host memory: ``host_tier.pool_hosts``, a reference); the
 scopes other than ``replica`` need a mode other than ``offload``.
 

@@ -20,8 +20,8 @@ policy (``offload``: a ``SimOffload``, the policy unwrapped); the pooled router 
 (tiering needs one pool per replica).
 
 ``TieringConfig.host_scope = "node"``: the replicas are one node's GPUs whose host tiers
-read one another (``host_tier.share_hosts``: the engine's node pool; ``node-lru``: the
-same with the node's capacity and LRU order, ``host_tier.lru_hosts``; ``pooled``: one key
+read one another (``host_tier.share_hosts``; ``node-lru``: the same with the node's
+capacity and LRU order, ``host_tier.lru_hosts``, the engine's node pool; ``pooled``: one key
 table and capacity, ``host_tier.pool_hosts``), so a session that moves to another replica
 reloads its history instead of recomputing it.
 

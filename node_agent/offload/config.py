@@ -30,7 +30,12 @@ optional; an unknown key is an error naming it):
   node's engines (a tmpfs; ``anchorage.node_agent.offload.node_pool``): this engine's host
   tier lives there and the node's other engines (same model and KV layout) read it, as it
   reads theirs. Works with Anchorage's spec only (its CPU transfer worker then runs on every
-  platform); a directory that cannot be created or written stops the engine, naming it.
+  platform); a directory that cannot be created or written stops the engine, naming it;
+- ``node_pool_growth`` (integer >= 1, default 4): with the node pool, how far past its own
+  ``cpu_bytes_to_use`` this engine's host tier may grow while the node's engines hold less
+  than the sum of theirs (the node-wide LRU: ``pool_manager``); 1 keeps each engine within
+  its own. The engine's memory then varies up to this many times ``cpu_bytes_to_use``
+  (the pages of the chunks it holds), the node's total stays the sum.
 
 With ``AnchorageOffloadingConnector``, vLLM's ``kv_load_failure_policy`` must be
 ``recompute`` (a failed load is then recomputed and the request completes).
@@ -60,6 +65,7 @@ class OffloadConfig:
     state_dir: str | None = None
     snapshot_interval_s: float = 0.5
     node_pool_dir: str | None = None
+    node_pool_growth: int = 4
     cpu_bytes_to_use: int = 0
 
     @property
@@ -102,6 +108,12 @@ class OffloadConfig:
                 raise HostTierConfigError(f"{FIELD}.anchorage.{k} must be a number > 0, "
                                           f"got {v!r}")
             out[k] = float(v)
+        if "node_pool_growth" in raw:
+            v = raw["node_pool_growth"]
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise HostTierConfigError(f"{FIELD}.anchorage.node_pool_growth must be an "
+                                          f"integer >= 1, got {v!r}")
+            out["node_pool_growth"] = v
         for k in ("state_dir", "node_pool_dir"):
             if k in raw and raw[k] is not None:
                 if not isinstance(raw[k], str) or not raw[k]:

@@ -7,14 +7,22 @@ Specification
 -------------
 Configured by ``kv_connector_extra_config["anchorage"]["node_pool_dir"]``: a directory the
 node's engines share (a tmpfs: ``/dev/shm/...`` or a hostPath on one). Each engine keeps its
-own host tier (its capacity ``cpu_bytes_to_use``, its policy, its stores and evictions) and
-publishes it there, in files named by its engine id:
+own host tier (its policy, its stores and evictions; its share of the node's capacity,
+``cpu_bytes_to_use``, and up to ``node_pool_growth`` times that while the node has room:
+the node-wide LRU of ``pool_manager``) and publishes it there, in files named by its engine
+id:
 
 - ``<id>.idx`` (the scheduler side): a header page (``MAGIC``, then a JSON object: format,
-  fingerprint, chunk count) and per chunk a version (uint64) and the key's digest (16 bytes,
-  BLAKE2b of vLLM's ``OffloadKey``). A chunk whose store completed: digest set, version
+  fingerprint, chunk count; at its end the engine's share and chunks held (uint64 each), its
+  LRU tail's last use (float64, ``clock`` seconds: ``time.monotonic``, one clock per node)
+  and the change counter) and per chunk a version (uint64), the key's digest (16 bytes,
+  BLAKE2b of vLLM's ``OffloadKey``) and a read stamp (float64: when a peer last used the
+  chunk, written by that peer). A chunk whose store completed: digest set, version
   incremented to an even number (readable). A chunk evicted or freed (before its slot is
-  written again) or the tier reset: version incremented to an odd number (not readable).
+  written again) or the tier reset: version incremented to an odd number (not readable),
+  then its pages punched out of the engine's data files (``madvise(MADV_REMOVE)``, whole
+  pages of the chunk), before the slot can be written again: the node's memory holds the
+  chunks its engines hold.
 - ``<id>.r<rank>.kv`` (the transfer worker of each rank): a header page (``MAGIC``, then the
   layout: each KV tensor's page bytes, blocks per chunk, chunk count) and the worker's host
   buffers, one per KV tensor (page-aligned), ``chunks x blocks_per_chunk x page`` bytes: the
@@ -42,8 +50,9 @@ pool is a miss (logged once), never an error in the engine. Cost
 engine) and the version seen. The worker (``PoolData``) copies a peer's chunk from the
 peer's ``.kv`` mapping over this engine's own link, then reads the version again: changed
 (the owner evicted the chunk meanwhile) or the peer gone, the load fails and vLLM recomputes
-the blocks (``kv_load_failure_policy = recompute``), as for any failed load. A peer's chunk
-is never refreshed in its owner's policy: the owner's order decides when it goes.
+the blocks (``kv_load_failure_policy = recompute``), as for any failed load. A load from a
+peer, and a store skipped because a peer holds the block, write the peer's read stamp; the
+owner refreshes those chunks in its policy at its next refresh.
 
 Stores skip keys a peer holds readable (one copy per node). Tenants: vLLM's block hashes
 include the request's ``cache_salt``, so requests with different salts never share a block
@@ -72,9 +81,12 @@ import numpy as np
 log = logging.getLogger("anchorage.node_agent.offload")
 
 MAGIC = b"ANCHPOOL"
-FORMAT = 1
+FORMAT = 2
 PAGE = mmap.PAGESIZE
 HEADER = 4096
+SHARE_AT = HEADER - 32  # an index's share of the node's capacity (chunks, uint64)
+USED_AT = HEADER - 24   # the chunks it holds (uint64)
+TAIL_AT = HEADER - 16   # when its least recently used chunk was last used (float64)
 EPOCH_AT = HEADER - 8   # an index's change counter: the header page's last 8 bytes
 DIGEST = 16
 REFRESH_MAX = 4096      # changed chunks one refresh takes in (the rest: the next ones)
@@ -100,7 +112,7 @@ def fingerprint(parts: dict[str, Any]) -> str:
 def _header(meta: dict[str, Any]) -> bytes:
     body = json.dumps(meta, sort_keys=True).encode()
     out = MAGIC + len(body).to_bytes(4, "little") + body
-    if len(out) > EPOCH_AT:
+    if len(out) > SHARE_AT:
         raise NodePoolError("node pool header too large")
     return out
 
@@ -178,13 +190,15 @@ def _alive(path: str) -> bool | None:
 
 
 class _Peer:
-    """Another engine's file, mapped read-only."""
+    """Another engine's file, mapped read-only (``write``: an index whose read stamps this
+    engine writes)."""
 
-    def __init__(self, path: str):
-        fd = os.open(path, os.O_RDONLY)
+    def __init__(self, path: str, write: bool = False):
+        fd = os.open(path, os.O_RDWR if write else os.O_RDONLY)
         try:
             size = os.fstat(fd).st_size
-            self.mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+            prot = mmap.PROT_READ | (mmap.PROT_WRITE if write else 0)
+            self.mm = mmap.mmap(fd, size, mmap.MAP_SHARED, prot)
         finally:
             os.close(fd)
         self.path = path
@@ -202,8 +216,20 @@ def _idx_arrays(mm, n: int) -> tuple[np.ndarray, np.ndarray]:
     return versions, digests
 
 
+def _idx_reads(mm, n: int) -> np.ndarray:
+    """Per chunk, when a peer last read it or skipped storing it (``clock`` seconds)."""
+    return np.frombuffer(mm, dtype=np.float64, count=n,
+                         offset=HEADER + _align(8 * n) + _align(DIGEST * n))
+
+
+def _idx_usage(mm) -> tuple[np.ndarray, np.ndarray]:
+    """An index's share and chunks held (uint64 x 2), and its LRU tail's stamp."""
+    return (np.frombuffer(mm, dtype=np.uint64, count=2, offset=SHARE_AT),
+            np.frombuffer(mm, dtype=np.float64, count=1, offset=TAIL_AT))
+
+
 def _idx_size(n: int) -> int:
-    return HEADER + _align(8 * n) + _align(DIGEST * n)
+    return HEADER + _align(8 * n) + _align(DIGEST * n) + _align(8 * n)
 
 
 @dataclass
@@ -219,6 +245,9 @@ class _PeerView:
     seen_epoch: int
     last: np.ndarray
     held: list
+    reads: np.ndarray
+    usage: np.ndarray
+    tail: np.ndarray
 
     def forget(self, table: dict, eid: str, c: int) -> None:
         """Chunk ``c``'s entry leaves ``table`` (if it is still this peer's)."""
@@ -232,19 +261,27 @@ class PoolIndex:
     """The scheduler side: this engine's published index and its view of the peers'."""
 
     def __init__(self, directory: str, engine_id: str, fp: str, num_chunks: int, *,
-                 refresh_s: float = 0.05, scan_s: float = 1.0,
+                 share: int | None = None, refresh_s: float = 0.05, scan_s: float = 1.0,
                  clock=time.monotonic) -> None:
         self.dir = directory
         self.engine_id = engine_id
         self.fp = fp
         self.n = int(num_chunks)
+        self.share = self.n if share is None else int(share)
         self.refresh_s = refresh_s
         self.scan_s = scan_s
         self.clock = clock
         meta = {"format": FORMAT, "fingerprint": fp, "chunks": self.n, "engine": engine_id}
         self.own = _Owned(directory, f"{engine_id}.idx", _idx_size(self.n), meta)
         self.versions, self.digests = _idx_arrays(self.own.mm, self.n)
+        self.reads = _idx_reads(self.own.mm, self.n)
+        self._reads_seen = np.zeros(self.n, dtype=np.float64)
+        self.usage, self.tail = _idx_usage(self.own.mm)
+        self.usage[0] = self.share
+        self.tail[0] = np.inf
         self.epoch = _epoch(self.own.mm)
+        self._kv: list = []   # this engine's workers' data files (punch)
+        self._kv_next = 0.0
         self.peers: dict[str, _PeerView] = {}
         self.table: dict[bytes, tuple[str, int]] = {}
         self._ignored: set[str] = set()
@@ -271,6 +308,69 @@ class PoolIndex:
         live = (self.versions % 2 == 0) & (self.versions > 0)
         self.versions[live] += 1
         self.epoch[0] += 1
+
+    # -- the node's capacity and order (node-wide LRU) ---------------------------------------
+
+    def set_usage(self, used: int, tail: float) -> None:
+        """Publish the chunks this engine holds and its LRU tail's stamp."""
+        self.usage[1] = max(0, int(used))
+        self.tail[0] = tail
+
+    def node(self) -> tuple[int, int, float]:
+        """(the node's capacity, the chunks the node holds, the oldest LRU tail among the
+        peers) over this engine and its live peers; this engine's usage as last set."""
+        budget, used, oldest = int(self.usage[0]), int(self.usage[1]), float("inf")
+        for view in self.peers.values():
+            budget += int(view.usage[0])
+            used += int(view.usage[1])
+            oldest = min(oldest, float(view.tail[0]))
+        return budget, used, oldest
+
+    def stamp_read(self, eid: str, chunk: int) -> None:
+        """A use of peer ``eid``'s chunk (a load from it, a store skipped because of it):
+        its owner refreshes it at its next refresh."""
+        view = self.peers.get(eid)
+        if view is not None and 0 <= chunk < len(view.reads):
+            view.reads[chunk] = self.clock()
+
+    def reads_since(self) -> list[int]:
+        """This engine's chunks a peer used since the last call."""
+        fresh = np.nonzero(self.reads > self._reads_seen)[0]
+        if len(fresh):
+            self._reads_seen[fresh] = self.reads[fresh]
+        return fresh.tolist()
+
+    def punch(self, chunk: int) -> None:
+        """Give the pages of this engine's chunk back to the node (its workers' files), so
+        what the node's engines hold in memory is what they hold in chunks. A chunk's
+        whole pages only; any failure leaves the pages (logged once)."""
+        try:
+            if not self._kv:
+                now = self.clock()
+                if now < self._kv_next:
+                    return
+                self._kv_next = now + self.scan_s
+                self._map_kv()
+            for mm, offsets, pages, bpc in self._kv:
+                for off, page in zip(offsets, pages):
+                    start = off + chunk * bpc * page
+                    end = start + bpc * page
+                    a, b = _align(start), end // PAGE * PAGE
+                    if b > a:
+                        mm.madvise(mmap.MADV_REMOVE, a, b - a)
+        except (OSError, ValueError, KeyError):
+            if not self.counts.get("punch_errors"):
+                log.warning("anchorage: node pool could not release a chunk's pages",
+                            exc_info=True)
+            self.counts["punch_errors"] = self.counts.get("punch_errors", 0) + 1
+
+    def _map_kv(self) -> None:
+        prefix = self.engine_id + ".r"
+        for name in sorted(os.listdir(self.dir)):
+            if name.startswith(prefix) and name.endswith(".kv"):
+                f = _Peer(os.path.join(self.dir, name), write=True)
+                offsets, _ = PoolData._offsets(f.meta)
+                self._kv.append((f.mm, offsets, f.meta["pages"], int(f.meta["bpc"])))
 
     # -- the peers --------------------------------------------------------------------------
 
@@ -307,11 +407,13 @@ class PoolIndex:
             if eid in self._ignored or not _alive(path):
                 continue
             try:
-                p = _Peer(path)
+                p = _Peer(path, write=True)
                 if p.meta.get("fingerprint") != self.fp or p.meta.get("format") != FORMAT:
                     raise ValueError("another model or KV layout")
                 n = int(p.meta["chunks"])
                 arrays = _idx_arrays(p.mm, n)
+                reads = _idx_reads(p.mm, n)
+                usage, tail = _idx_usage(p.mm)
             except OSError:
                 continue
             except (KeyError, TypeError, ValueError) as exc:
@@ -319,7 +421,8 @@ class PoolIndex:
                 log.warning("anchorage: node pool peer %s is not shared (%s)", eid, exc)
                 continue
             self.peers[eid] = _PeerView(p, *arrays, epoch=_epoch(p.mm), seen_epoch=-1,
-                                        last=np.zeros(n, dtype=np.uint64), held=[None] * n)
+                                        last=np.zeros(n, dtype=np.uint64), held=[None] * n,
+                                        reads=reads, usage=usage, tail=tail)
             found.add(eid)
         for eid in [e for e in self.peers if e not in found]:
             self._drop(eid)

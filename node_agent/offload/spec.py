@@ -75,6 +75,13 @@ class AnchorageOffloadingSpec(CPUOffloadingSpec):
         """Host memory the chunks take (at most ``cpu_bytes_to_use``)."""
         return self.num_chunks * self.kv_bytes_per_chunk
 
+    @property
+    def pool_slots(self) -> int:
+        """Chunk slots of this engine in the node pool: its own share (``num_chunks``, from
+        ``cpu_bytes_to_use``) times ``node_pool_growth``; its files are that large, sparse,
+        and it holds pages for the chunks it holds (the node-wide LRU)."""
+        return self.num_chunks * self.anchorage.node_pool_growth
+
     def get_manager(self) -> OffloadingManager:
         pool_dir = self.anchorage.node_pool_dir
         if pool_dir is None or self._manager is not None:
@@ -87,9 +94,10 @@ class AnchorageOffloadingSpec(CPUOffloadingSpec):
         # arguments
         stock = super().get_manager()
         index = PoolIndex(pool_dir, safe_id(self.config.engine_id),
-                          pool_fingerprint(self.config), self.num_chunks)
+                          pool_fingerprint(self.config), self.pool_slots,
+                          share=self.num_chunks)
         self._manager = NodePoolManager(
-            index, num_chunks=self.num_chunks, cache_policy=self.eviction_policy,
+            index, num_chunks=self.pool_slots, cache_policy=self.eviction_policy,
             cache_policy_module_path=self.cache_policy_module_path,
             enable_events=stock.events is not None,
             store_threshold=stock.store_threshold, max_tracker_size=stock.max_tracker_size)
@@ -107,8 +115,9 @@ class AnchorageOffloadingSpec(CPUOffloadingSpec):
                 pool = PoolData(pool_dir, safe_id(self.config.engine_id),
                                 self.config.parallel.rank,
                                 [int(t.page_size_bytes) for t in kv_caches.tensors],
-                                self.blocks_per_chunk, self.num_chunks)
-            self._worker = TorchCopyWorker(kv_caches, self.blocks_per_chunk, self.num_chunks,
+                                self.blocks_per_chunk, self.pool_slots)
+            slots = self.num_chunks if pool is None else self.pool_slots
+            self._worker = TorchCopyWorker(kv_caches, self.blocks_per_chunk, slots,
                                            timeout_s=self.anchorage.transfer_timeout_s,
                                            pool=pool)
         return self._worker

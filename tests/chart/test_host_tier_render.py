@@ -102,6 +102,13 @@ def test_the_node_pool_renders_its_directory_mount_and_connector_key():
     ec = _ktc(c)["kv_connector_extra_config"]
     assert ec["anchorage"]["node_pool_dir"] == "/run/anchorage-pool/m"
     assert OffloadConfig.from_extra_config(ec).node_pool_dir == "/run/anchorage-pool/m"
+    # growth: the default 4, or the value set (the engine's slots: test_host_tier_engine)
+    assert OffloadConfig.from_extra_config(ec).node_pool_growth == 4
+    grown = _pod({"models": [model("m", hostTier={**tier, "nodePool": {
+        **tier["nodePool"], "growth": 2}})]})
+    gc = next(c for c in grown["containers"] if c["name"] == "vllm")
+    assert OffloadConfig.from_extra_config(
+        _ktc(gc)["kv_connector_extra_config"]).node_pool_growth == 2
     assert {"name": "anchorage-pool", "mountPath": "/run/anchorage-pool"} in c["volumeMounts"]
     vol = next(v for v in pod["volumes"] if v["name"] == "anchorage-pool")
     assert vol["hostPath"] == {"path": "/dev/shm/pool-x", "type": "DirectoryOrCreate"}
@@ -137,7 +144,7 @@ def test_the_node_pool_needs_anchorages_backend_and_an_absolute_path():
         render({"models": [model("m", hostTier={"enabled": True, "memoryGiB": 8,
                                                 "backend": "vllm", "policy": "lru",
                                                 "nodePool": {"enabled": True}})]})
-    for bad in ({"hostPath": "relative/dir"}, {"enabeld": True}):
-        with pytest.raises(Exception, match="nodePool|hostPath|enabeld"):
+    for bad in ({"hostPath": "relative/dir"}, {"enabeld": True}, {"growth": 0}):
+        with pytest.raises(Exception, match="nodePool|hostPath|enabeld|growth"):
             render({"models": [model("m", hostTier={"enabled": True, "memoryGiB": 8,
                                                     "nodePool": bad})]})

@@ -43,7 +43,7 @@ def test_anchorage_ablations_change_exactly_one_component():
         "agent", "hybrid", "prefix-aware", "store-all")
     assert full.admission_kwargs(2.0) == {"ttft_target_s": 2.0}   # the setting's SLO
     assert full.long_prefill_tokens == 2048
-    assert full.tiering_params == {"host_scope": "node"}          # the node pool
+    assert full.tiering_params == {"host_scope": "node-lru"}      # the node pool
     # the ablations change one component of the stack without the target, the cap and the
     # node pool
     base = get_stack("anchorage-no-target")
@@ -55,12 +55,12 @@ def test_anchorage_ablations_change_exactly_one_component():
     of_full = {"anchorage-no-prefill-cap": "long_prefill_tokens",
                "anchorage-own-host": "tiering_params",
                "anchorage-node-pooled": "tiering_params",
-               "anchorage-node-lru": "tiering_params"}
+               "anchorage-node-share": "tiering_params"}
     for n, f in of_full.items():
         assert [g for g in fields if getattr(get_stack(n), g) != getattr(full, g)] == [f], n
     assert get_stack("anchorage-own-host").tiering_params == {}   # each replica its own
     assert get_stack("anchorage-node-pooled").tiering_params == {"host_scope": "pooled"}
-    assert get_stack("anchorage-node-lru").tiering_params == {"host_scope": "node-lru"}
+    assert get_stack("anchorage-node-share").tiering_params == {"host_scope": "node"}
     for n in stack_names("ablation"):
         if n == base.name or n in of_full or not n.startswith("anchorage-"):
             continue

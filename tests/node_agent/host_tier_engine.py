@@ -441,7 +441,8 @@ def pool_owner(pool_dir: str, model_dir: str, **_: Any) -> dict[str, Any]:
     """Engine A of a node pool: session a's first turn (stored in A's host tier and
     published), then it prints ``READY {...}`` and keeps serving nothing until its stdin
     closes (its host tier stays readable)."""
-    d = Driver(ktc(8 << 20, anchorage={"node_pool_dir": pool_dir}), model_dir=model_dir)
+    d = Driver(ktc(8 << 20, anchorage={"node_pool_dir": pool_dir, "node_pool_growth": 3}),
+               model_dir=model_dir)
     a = prompt(1, 20)
     out = d.one(a, "a", max_tokens=4)
     digests = d.block_digests(out["rid"], 20)
@@ -450,8 +451,14 @@ def pool_owner(pool_dir: str, model_dir: str, **_: Any) -> dict[str, Any]:
         if _published(d) >= 22:
             break
         d.one(prompt(60 + k, 1), f"z{k}")
+    mgr = d.connector.connector_scheduler.manager
+    mgr.balance(force=True)
+    kv = os.stat(os.path.join(pool_dir, next(f for f in os.listdir(pool_dir)
+                                              if f.endswith(".kv"))))
     res = {"tokens": out["tokens"], "digests": digests, "published": _published(d),
            "exact_tokens": x["tokens"],
+           "share": int(mgr.index.usage[0]), "held": int(mgr.index.usage[1]),
+           "slots": mgr._num_chunks, "kv_size": kv.st_size, "kv_resident": kv.st_blocks * 512,
            "files": sorted(os.listdir(pool_dir)),
            "store_bytes": d.counters().get("vllm:kv_offload_store_bytes", 0.0)}
     sys.stdout.write("READY " + json.dumps(res) + "\n")

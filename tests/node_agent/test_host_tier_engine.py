@@ -133,6 +133,11 @@ def test_a_session_moved_to_another_engine_of_the_node_reloads_from_the_node_poo
         assert a is not None, owner.stderr.read()[-4000:]
         assert a["published"] >= 22 and None not in a["digests"]
         assert len([f for f in a["files"] if f.endswith(".idx")]) == 1
+        # the node-wide LRU: A's file has room for node_pool_growth (3) times its share,
+        # and memory only for what it holds (the file is sparse); its index publishes its
+        # share and its chunks
+        assert a["slots"] == 3 * a["share"] and a["held"] >= 22, a
+        assert a["kv_resident"] < a["kv_size"] / 2, a
         b = run("pool_reader", pool_dir=str(pool), model_dir=str(model))
     finally:
         owner.stdin.close()
@@ -151,11 +156,11 @@ def test_a_session_moved_to_another_engine_of_the_node_reloads_from_the_node_poo
     assert b["load_bytes"] == 20 * b["chunk_bytes"]   # the second request's
     assert b["loaded"] == a["digests"] == b["computed_kv"]
     assert b["tokens"] == b["other_tokens"]
-    # the simulator's node scope (host_tier.share_hosts) on the same turns says the same
-    from anchorage.tiering.host_tier import HostTier, HostTierConfig, share_hosts
+    # the simulator's node scope (host_tier.lru_hosts) on the same turns says the same
+    from anchorage.tiering.host_tier import HostTier, HostTierConfig, lru_hosts
 
     ha, hb = (HostTier(HostTierConfig(capacity_bytes=256), bytes_per_block=1) for _ in "ab")
-    share_hosts([ha, hb])
+    lru_hosts([ha, hb])
     ha.store([("a", i) for i in range(20)] + [("x", i) for i in range(2)])
     assert hb.run([("x", 0), ("x", 1)], 0, 2) * BS == b["exact_host_tokens"]
     assert hb.run([("a", i) for i in range(22)], 0, 22) * BS == b["host_tokens"]

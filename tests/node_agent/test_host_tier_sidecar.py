@@ -77,6 +77,8 @@ def test_the_snapshot_reader_rejects_a_bad_document():
     ({"link_gbs": "fast"}, "anchorage.link_gbs"),
     ({"enabled": "yes"}, "anchorage.enabled"),
     ({"state_dir": ""}, "anchorage.state_dir"),
+    ({"node_pool_growth": 0}, "anchorage.node_pool_growth"),
+    ({"node_pool_growth": 1.5}, "anchorage.node_pool_growth"),
     ({"nope": 1}, "unknown key(s) nope"),
 ])
 def test_bad_anchorage_keys_name_the_field(anch, field):

@@ -223,6 +223,73 @@ def test_the_manager_publishes_its_stores_reads_peers_and_keeps_one_copy(tmp_pat
     assert os.listdir(tmp_path) == []
 
 
+def test_the_node_has_one_capacity_and_its_oldest_chunks_go_first(tmp_path, monkeypatch):
+    """The node-wide LRU (the simulator's ``node-lru``): an engine grows past its share
+    while the node has room; the owner of the node's oldest chunk makes room, in its own
+    order refreshed by a peer's read; a store into a full node evicts the storer's own; an
+    evicted chunk's pages go back to the node."""
+    pytest.importorskip("vllm")
+    from vllm.v1.kv_offload.base import LookupResult, ReqContext
+
+    from anchorage.node_agent.offload import pool_manager
+    from anchorage.node_agent.offload.pool_manager import NodePoolManager
+
+    monkeypatch.setattr(pool_manager, "HEADROOM", 0.25)   # keep 1 of the node's 4 free
+    clock = Clock()
+
+    def mgr(eid):
+        idx = PoolIndex(str(tmp_path), eid, "model-a", 8, share=2, refresh_s=0.0,
+                        scan_s=0.0, clock=clock)
+        return NodePoolManager(idx, num_chunks=8, cache_policy="lru")
+
+    a = mgr("a")
+    data = PoolData(str(tmp_path), "a", 0, [4096], 1, 8)   # a's worker: a page per chunk
+    b = mgr("b")
+    ctx = ReqContext(req_id="r")
+
+    def store(m, keys):
+        out = m.prepare_store(keys, ctx)
+        for c in (m._policy.get(k).chunk_id for k in out.keys_to_store):
+            if m is a:
+                data.buffers[0][c].fill_(7)   # the worker writes the chunk
+        m.complete_store(out.keys_to_store, ctx)
+        clock.t += 1.0
+        return out
+
+    def resident():
+        return os.stat(data.own.path).st_blocks
+
+    # a holds 3 chunks with a share of 2: the node (4) has room
+    assert store(a, [b"k0", b"k1", b"k2"]).evicted_keys == []
+    assert a._used() == 3
+    pages = resident()
+    b.balance(force=True)
+    a.balance(force=True)
+    assert b.index.node() == (4, 3, float(a._tail()))
+    # b stores one more: the node holds 4, one more than it keeps
+    assert store(b, [b"k3"]).evicted_keys == []
+    # b reads a's k0: a refreshes it (its order: k1, k2, k0)
+    assert b.lookup(b"k0", ctx) is LookupResult.HIT
+    assert b.prepare_load([b"k0"], ctx).peers == ("a",)
+    b.complete_load([b"k0"], ctx)
+    clock.t += 1.0
+    b.balance(force=True)                  # b's tail (k3) is newer than a's (k1): b waits
+    assert b._used() == 1
+    a.balance(force=True)                  # a holds the node's oldest: its LRU goes, k1
+    assert a._policy.get(b"k1") is None and a._policy.get(b"k0") is not None
+    assert b.lookup(b"k1", ctx) is LookupResult.MISS and b.lookup(b"k0", ctx) is \
+        LookupResult.HIT
+    assert resident() < pages             # k1's page given back
+    # the node is at what it keeps: b's store still fits (4), the next one evicts b's own
+    b.balance(force=True)
+    assert store(b, [b"k4"]).evicted_keys == []
+    b.balance(force=True)
+    assert store(b, [b"k5"]).evicted_keys == [b"k3"]
+    a.shutdown()
+    b.shutdown()
+    data.close()
+
+
 def test_the_snapshot_and_metrics_carry_the_node_pool_only_when_it_is_on():
     from anchorage.node_agent.metrics import host_tier_families
     from anchorage.node_agent.offload.tracker import HostTierTracker, parse_host_tier

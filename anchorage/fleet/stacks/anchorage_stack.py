@@ -6,10 +6,12 @@ eviction ``hybrid``, admission ``prefix-aware`` with the deployment's TTFT targe
 setting's SLO: urgent requests first, late ones last; ``anchorage.policies.admission``),
 host tier ``store-all`` (every turn's new blocks stored in host memory, reloaded at admission:
 what the engine's offloading connector does, and what the peers do) with the node pool (each
-GPU's host tier read by the node's other GPUs, one copy per node: ``TieringConfig.host_scope
-= "node"``, the chart's ``hostTier.nodePool``, ``anchorage.node_agent.offload.node_pool``; a
+GPU's host tier read by the node's other GPUs, one copy per node, with the node's capacity
+and one LRU order over the node: ``TieringConfig.host_scope = "node-lru"``, the chart's
+``hostTier.nodePool``, ``anchorage.node_agent.offload.node_pool`` and ``pool_manager``; a
 thread the router moves off a busy replica reloads its history from host memory instead of
-recomputing it; ``anchorage-own-host`` is the stack without it), and prefill chunks of
+recomputing it; ``anchorage-own-host`` is the stack without the pool,
+``anchorage-node-share`` the pool with each GPU's own capacity and order), and prefill chunks of
 at most 2,048 tokens per step beside other requests (vLLM's ``long_prefill_token_threshold``,
 the chart's ``longPrefillTokens``: a new coding-agent session's 100k-token prefill no longer
 holds every turn behind it for seconds; ``anchorage-no-prefill-cap`` is the stack without it,
@@ -36,9 +38,10 @@ the gate places programs itself, so Anchorage's router is not used. The router h
 program gate yet: this row measures what one would add, it is not a deployable stack.
 ``anchorage-node-pooled``: one allocator over the node's host memory instead of the node pool's
 shared reads (``host_scope = "pooled"``, not deployable: a reference for what the shared reads
-leave). ``anchorage-node-lru``: the node pool with the node's capacity and LRU order over
-the GPUs' own tiers (``host_scope = "node-lru"``, not in the engine yet: a reference for a
-node-wide LRU).
+leave). ``anchorage-node-share``: the node pool as it first landed, each GPU's capacity and
+LRU order its own (``host_scope = "node"``; the chart's ``hostTier.nodePool.growth: 1``
+comes close: each engine within its own capacity, the node's oldest chunk still evicted
+first).
 ``anchorage-no-target``: prefix-aware admission without the TTFT target (CacheWise's order,
 Anchorage's default before the target), without the prefill cap and without the node pool;
 the ablations and the other variants change one component of it.
@@ -55,11 +58,11 @@ FULL = StackSpec(
     name="anchorage",
     peer="Anchorage (agent routing, hybrid, prefix-aware, store-all host, node pool)",
     source="anchorage/routing/agent.py, policies/hybrid.py, policies/admission.py, "
-           "tiering/replica.py (store-all), tiering/host_tier.py (share_hosts: the node pool), "
+           "tiering/replica.py (store-all), tiering/host_tier.py (lru_hosts: the node pool), "
            "sim/engine.py (long_prefill_tokens)",
     role="anchorage", router="agent", policy="hybrid", admission="prefix-aware",
     admission_params={"ttft_target_s": "$slo"}, tiering="store-all",
-    tiering_params={"host_scope": "node"}, long_prefill_tokens=2048)
+    tiering_params={"host_scope": "node-lru"}, long_prefill_tokens=2048)
 
 # The ablations and variants change one component of ``anchorage-no-target`` (the full
 # stack without the TTFT target, the prefill cap and the node pool), the stack they were
@@ -77,7 +80,7 @@ VARIANTS = {
     "no-prefill-cap": dict(long_prefill_tokens=0),
     "own-host": dict(tiering_params={}),
     "node-pooled": dict(tiering_params={"host_scope": "pooled"}),
-    "node-lru": dict(tiering_params={"host_scope": "node-lru"}),
+    "node-share": dict(tiering_params={"host_scope": "node"}),
     "tokencake": dict(tiering="tokencake", **NO_TARGET),
     "tokencake-gate": dict(tiering="naive-incremental", **NO_TARGET),
     "tokencake-spatial": dict(tiering="temporal", **NO_TARGET),
