@@ -175,6 +175,8 @@ class AnchorageOffloadingConnector(OffloadingConnector):
         mgr = self.connector_scheduler.manager
         pool = None
         if isinstance(mgr, NodePoolManager):
+            chunks = mgr.index.share   # its own capacity (its slots are the node pool's growth)
+
             def pool() -> dict[str, int]:
                 return {"peers": len(mgr.index.peers), **mgr.pool_counts}
         self.tracker = HostTierTracker(

@@ -458,6 +458,7 @@ def pool_owner(pool_dir: str, model_dir: str, **_: Any) -> dict[str, Any]:
     res = {"tokens": out["tokens"], "digests": digests, "published": _published(d),
            "exact_tokens": x["tokens"],
            "share": int(mgr.index.usage[0]), "held": int(mgr.index.usage[1]),
+           "capacity": d.host_view()["capacity_chunks"],
            "slots": mgr._num_chunks, "kv_size": kv.st_size, "kv_resident": kv.st_blocks * 512,
            "files": sorted(os.listdir(pool_dir)),
            "store_bytes": d.counters().get("vllm:kv_offload_store_bytes", 0.0)}

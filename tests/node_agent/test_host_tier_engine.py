@@ -137,6 +137,7 @@ def test_a_session_moved_to_another_engine_of_the_node_reloads_from_the_node_poo
         # and memory only for what it holds (the file is sparse); its index publishes its
         # share and its chunks
         assert a["slots"] == 3 * a["share"] and a["held"] >= 22, a
+        assert a["capacity"] == a["share"], a     # what the sidecar exports: its own
         assert a["kv_resident"] < a["kv_size"] / 2, a
         b = run("pool_reader", pool_dir=str(pool), model_dir=str(model))
     finally:
