@@ -12,6 +12,11 @@ request's own failure must not eject healthy replicas):
 - the connection broke after the request was sent (the replica died under it), a
   non-streaming request is replayed once on another replica (so a killed engine loses no
   request) and counts as a transport failure; a second such failure is a 502;
+- a non-streaming answer whose every choice ended with ``finish_reason: abort`` (vLLM
+  aborts the requests in flight when its engine shuts down, and answers 200 with nothing
+  generated): the same as a broken connection, replayed once on another replica (retry
+  reason ``aborted``) and a transport failure; a second such answer goes to the client as
+  it is;
 - read timeout: 504, counted as a transport failure, not replayed (the replica may still
   be computing it).
 
@@ -40,6 +45,7 @@ async def send(core, p: Parsed, ctx, tpk: float, fwd: bytes, headers: dict) -> A
     state, cfg = core.state, core.cfg
     tried: list[int] = []
     replayed = False
+    aborted_answer = None
     connect_failures = 0
     last_error = "no replica"
     prefer = core.pinned(p)
@@ -55,7 +61,9 @@ async def send(core, p: Parsed, ctx, tpk: float, fwd: bytes, headers: dict) -> A
         rid, url = d["replica"], d["url"]
         tried.append(rid)
         outcome, answer = await attempt(core, p, ctx, rid, url, d["predicted_tokens"], fwd, headers)
-        if answer is not None:
+        if outcome == "aborted":
+            aborted_answer = answer
+        elif answer is not None:
             return answer
         if outcome == "connect_error" and connect_failures < cfg.retries:
             connect_failures += 1
@@ -67,6 +75,13 @@ async def send(core, p: Parsed, ctx, tpk: float, fwd: bytes, headers: dict) -> A
             state.retried(url, "connection_lost")
             last_error = "connection lost"
             continue
+        if outcome == "aborted":
+            if replayed:
+                return aborted_answer
+            replayed = True
+            state.retried(url, "aborted")
+            last_error = "aborted by the replica"
+            continue
         if outcome == "timeout":
             raise errors.RouterError(504, "the replica did not answer in time", "timeout",
                                      "upstream_timeout", reason="upstream_timeout")
@@ -74,6 +89,18 @@ async def send(core, p: Parsed, ctx, tpk: float, fwd: bytes, headers: dict) -> A
             raise errors.RouterError(502, "the replica failed while answering",
                                      "upstream_error", "upstream_error", reason="upstream_error")
         raise errors.unavailable(f"no healthy replica could serve the request ({last_error})")
+
+
+def aborted(content: bytes) -> bool:
+    """Every choice of a (non-streaming) answer ended with ``finish_reason: abort``."""
+    import json
+
+    try:
+        choices = json.loads(content).get("choices")
+    except (ValueError, AttributeError):
+        return False
+    return bool(choices) and all(isinstance(c, dict) and c.get("finish_reason") == "abort"
+                                 for c in choices)
 
 
 async def attempt(core, p: Parsed, ctx, rid: int, url: str, predicted: int, fwd: bytes,
@@ -120,6 +147,9 @@ async def attempt(core, p: Parsed, ctx, rid: int, url: str, predicted: int, fwd:
         finally:
             resp.release()
         status = resp.status
+        if status == 200 and b'"abort"' in content and aborted(content):
+            done("upstream_error")
+            return "aborted", Response(content, status_code=status, media_type=ctype)
         usage = answer_id = None
         if status < 400 and (p.path == "/v1/responses" or b'"usage"' in content):
             usage, answer_id = fastjson.usage_and_id(content)   # parsed once, these fields only

@@ -6,7 +6,9 @@ It keeps a toy prefix cache (token-id blocks it has seen) so ``cached_tokens`` i
 first byte; a request whose connection closes meanwhile is recorded in ``aborted``), ``slow_stream`` (waits ``delay_s`` after each chunk), ``die_midstream`` (streams
 two chunks, then drops the connection), ``poison`` (a request whose prompt holds a token id
 >= 1024 answers 500 and stops the server, as a vLLM engine that skipped tokenizer
-initialisation dies), ``reset`` (drops the connection without answering). ``models`` is
+initialisation dies), ``reset`` (drops the connection without answering), ``abort``
+(answers a non-streaming completion 200 with nothing generated and ``finish_reason:
+abort``, as vLLM does for the requests in flight when its engine shuts down). ``models`` is
 what ``/v1/models`` lists; ``kill()`` drops every open connection at once.
 """
 
@@ -65,6 +67,11 @@ class FakeUpstream:
         if self.mode == "reset":
             request.transport.close()
             return web.Response()
+        if self.mode == "abort" and not body.get("stream"):   # vLLM shutting down
+            return web.json_response({"id": "cmpl-x", "object": "text_completion",
+                                      "model": body.get("model"), "choices": [
+                                          {"index": 0, "text": "", "finish_reason": "abort"}],
+                                      "usage": None})
         if body.get("model") not in (None, *self.models):
             return web.json_response({"error": {"message": f"The model `{body.get('model')}` "
                                                 "does not exist.", "type": "NotFoundError",

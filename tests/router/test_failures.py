@@ -176,6 +176,30 @@ def test_killing_an_engine_under_load_loses_no_request(router, cluster):
     assert metric(ns, "anchorage_router_retries_total", reason="connection_lost") >= 1
 
 
+def test_a_request_an_engine_aborted_is_replayed_once_on_another(router, cluster):
+    """vLLM answers 200 with finish_reason "abort" for the requests in flight when its
+    engine shuts down (a pod deleted mid-workload): the router replays it once elsewhere,
+    as for a connection lost; aborted twice, the second answer goes to the client."""
+    ns = router(policy="round_robin")
+    names = cluster["names"]
+    ns("set_mode", names[0], "abort")
+    before = metric(ns, "anchorage_router_retries_total", reason="aborted")
+    outs = [completion(ns, [5] * 32) for _ in range(6)]
+    assert [r["status"] for r in outs] == [200] * 6
+
+    def reason(r):
+        return json.loads(r["text"])["choices"][0].get("finish_reason")
+    assert all(reason(r) != "abort" for r in outs), outs
+    replays = metric(ns, "anchorage_router_retries_total", reason="aborted") - before
+    assert replays >= 1
+    assert sum(len(ns("upstream_requests", n)) for n in names) == 6 + replays
+    for n in names:
+        ns("set_mode", n, "abort")
+    r = completion(ns, [6] * 32)
+    assert r["status"] == 200 and reason(r) == "abort"     # replayed once, then passed on
+    assert sum(len(ns("upstream_requests", n)) for n in names) == 6 + replays + 2
+
+
 def test_routing_policy_follows_the_operators_document(router, tmp_path, cluster):
     doc = str(tmp_path / "anchorage.yaml")
     ns = cluster["ns"]
