@@ -45,7 +45,6 @@ async def send(core, p: Parsed, ctx, tpk: float, fwd: bytes, headers: dict) -> A
     state, cfg = core.state, core.cfg
     tried: list[int] = []
     replayed = False
-    aborted_answer = None
     connect_failures = 0
     last_error = "no replica"
     prefer = core.pinned(p)
@@ -61,10 +60,13 @@ async def send(core, p: Parsed, ctx, tpk: float, fwd: bytes, headers: dict) -> A
         rid, url = d["replica"], d["url"]
         tried.append(rid)
         outcome, answer = await attempt(core, p, ctx, rid, url, d["predicted_tokens"], fwd, headers)
-        if outcome == "aborted":
-            aborted_answer = answer
-        elif answer is not None:
-            return answer
+        if outcome == "aborted" and not replayed:
+            replayed = True
+            state.retried(url, "aborted")
+            last_error = "aborted by the replica"
+            continue
+        if answer is not None:
+            return answer                # answered (the second abort included)
         if outcome == "connect_error" and connect_failures < cfg.retries:
             connect_failures += 1
             state.retried(url, "connect")
@@ -74,13 +76,6 @@ async def send(core, p: Parsed, ctx, tpk: float, fwd: bytes, headers: dict) -> A
             replayed = True
             state.retried(url, "connection_lost")
             last_error = "connection lost"
-            continue
-        if outcome == "aborted":
-            if replayed:
-                return aborted_answer
-            replayed = True
-            state.retried(url, "aborted")
-            last_error = "aborted by the replica"
             continue
         if outcome == "timeout":
             raise errors.RouterError(504, "the replica did not answer in time", "timeout",
@@ -93,13 +88,12 @@ async def send(core, p: Parsed, ctx, tpk: float, fwd: bytes, headers: dict) -> A
 
 def aborted(content: bytes) -> bool:
     """Every choice of a (non-streaming) answer ended with ``finish_reason: abort``."""
-    import json
-
     try:
-        choices = json.loads(content).get("choices")
-    except (ValueError, AttributeError):
+        doc = fastjson.loads(content)
+    except (ValueError, RecursionError):
         return False
-    return bool(choices) and all(isinstance(c, dict) and c.get("finish_reason") == "abort"
+    choices = doc.get("choices") if isinstance(doc, dict) else None
+    return isinstance(choices, list) and bool(choices) and all(isinstance(c, dict) and c.get("finish_reason") == "abort"
                                  for c in choices)
 
 

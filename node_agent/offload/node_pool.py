@@ -287,7 +287,8 @@ class PoolIndex:
         self._ignored: set[str] = set()
         self._next_scan = 0.0
         self._next_refresh = 0.0
-        self.counts = {"peer_hits": 0, "peer_stale": 0, "deduplicated": 0, "errors": 0}
+        self.counts = {"peer_hits": 0, "peer_stale": 0, "deduplicated": 0, "errors": 0,
+                       "punch_errors": 0}
         self._scan()  # the peers now; the files of engines that are gone are removed
 
     # -- this engine's chunks -----------------------------------------------------------
@@ -359,10 +360,10 @@ class PoolIndex:
                     if b > a:
                         mm.madvise(mmap.MADV_REMOVE, a, b - a)
         except (OSError, ValueError, KeyError):
-            if not self.counts.get("punch_errors"):
+            if not self.counts["punch_errors"]:
                 log.warning("anchorage: node pool could not release a chunk's pages",
                             exc_info=True)
-            self.counts["punch_errors"] = self.counts.get("punch_errors", 0) + 1
+            self.counts["punch_errors"] += 1
 
     def _map_kv(self) -> None:
         prefix = self.engine_id + ".r"

@@ -41,7 +41,7 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 
-from anchorage.node_agent.offload.node_pool import PoolIndex
+from anchorage.node_agent.offload.node_pool import PoolIndex, log
 from anchorage.node_agent.offload.worker import NodeLoadStoreSpec
 
 HEADROOM = 1 / 64   # of the node's capacity, kept free by the owner of the oldest tail
@@ -96,10 +96,7 @@ class NodePoolManager(CPUOffloadingManager):
                 self.index.set_usage(self._used(), self._tail())
         except Exception:  # noqa: BLE001 - the serving path never breaks on the pool
             if not self.pool_counts["errors"]:
-                import logging
-
-                logging.getLogger("anchorage.node_agent.offload").warning(
-                    "anchorage: node pool balance failed; skipped", exc_info=True)
+                log.warning("anchorage: node pool balance failed; skipped", exc_info=True)
             self.pool_counts["errors"] += 1
 
     def _evict_own(self, n: int) -> None:
