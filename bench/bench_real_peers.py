@@ -1,8 +1,9 @@
 """Anchorage against the real SGLang gateway on real engines: the same multi-agent workload
 through three stacks on this machine, each run several times.
 
-- **anchorage**: Anchorage's `hybrid` eviction in the engines, its Ray Serve router with
-  `agent` routing (keying text and chat prompts by the engines' own tokens);
+- **anchorage**: Anchorage's `hybrid` eviction in the engines, its router with `agent`
+  routing (keying chat prompts by characters; Ray Serve, or one process with
+  `--router-hosting process`);
 - **smg**: the SGLang model gateway (`smg` from PyPI, the Rust binary) with its
   `cache_aware` policy at its defaults over stock vLLM engines (LRU);
 - **round_robin**: stock vLLM engines behind round-robin routing.
@@ -20,7 +21,8 @@ Usage (root with unshare: each demo runs in a private network namespace)::
 
     .venv/bin/python -m bench.bench_real_peers [--repeats 3] [--out bench/results/real_peers.json]
         [demo flags, e.g. --sessions 40 --concurrency 8; --scheduler prefix-aware and
-         --host-tier-mb N change Anchorage's engines only]
+         --host-tier-mb N change Anchorage's engines only; --router-hosting process runs
+         Anchorage's router (and round robin's) in one process without Ray]
 
 Needs the SGLang gateway (`scripts/setup.d/50-bench-router.sh` installs it in .venv-smg).
 """

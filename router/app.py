@@ -9,10 +9,15 @@ header by default, so a session's turns meet the same replica), and each replica
 HTTP itself: a request costs no actor call. With ``ingress="serve"`` Serve's own HTTP
 proxy actor forwards each request to a replica (slower; for clusters started without
 those variables). Locally Ray hosts it (``anchorage up`` / ``anchorage router``), in the
-chart KubeRay does (``app_builder``).
+chart KubeRay does (``app_builder``). ``serve_process`` hosts the same ASGI app in one
+process without Ray (uvicorn; ``anchorage up --router-hosting process``, ``anchorage router
+--hosting process``): one router replica, no Ray processes beside it (a local Ray holds
+about 0.2 of a core idle, measured on the 2-core development machine).
 
-Each replica routes from its own state (``core.RouterCore``); the replicas share their
-decisions and in-flight counts through one named actor, off the request path (``sync``).
+Each replica routes from its own state (``core.RouterCore``); with several replicas (or
+router pods) they share their decisions and in-flight counts through one named actor, off
+the request path (``sync``); a single replica with no pod peers starts no such actor
+(``shares_decisions``).
 
 Endpoints: ``POST /v1/completions``, ``/v1/chat/completions``, ``/v1/responses``,
 ``/tokenize``, ``/detokenize`` (routed), ``GET /v1/models`` (every model some replica
@@ -109,7 +114,8 @@ def _deployment():
         async def __serve_build_asgi_app__(self):
             from anchorage.router.sync import actor
             cfg = self.core.cfg
-            await self.core.start(actor(cfg.actor_name, cfg.sync_interval_s))
+            await self.core.start(actor(cfg.actor_name, cfg.sync_interval_s)
+                                  if shares_decisions(cfg) else None)
             return build_asgi(self.core)
 
         def snapshot(self) -> list[dict[str, Any]]:
@@ -119,6 +125,64 @@ def _deployment():
             return self.core.status()
 
     return AnchorageRouter
+
+
+def shares_decisions(cfg: RouterConfig) -> bool:
+    """Whether the router's replicas exchange decisions (the decision-log actor and its
+    exchange every ``sync_interval_s``): several Serve replicas, or router pods that push
+    to one another. A single replica alone has nobody to share with; the actor and the
+    exchange would only take CPU from the node's engines."""
+    return cfg.num_replicas > 1 or bool(cfg.peers or cfg.peer_selector)
+
+
+def serve_process(cfg: RouterConfig, host: str = "127.0.0.1", port: int = 8000,
+                  on_ready=None) -> None:
+    """Serve the router in this process without Ray (uvicorn with uvloop and httptools,
+    no access log): one replica, the same ASGI app and ``RouterCore`` as a Serve replica's.
+    Several replicas or pod peers need Ray's decision log: refused here (ValueError).
+    ``on_ready()`` is called once it listens. Returns when uvicorn stops (SIGTERM or
+    SIGINT), after the core's background tasks and upstream connections are closed."""
+    import asyncio
+    import contextlib
+    import signal
+
+    import uvicorn
+
+    cfg.validate()
+    if shares_decisions(cfg):
+        raise ValueError("one-process hosting serves one router replica without pod peers "
+                         f"(num_replicas={cfg.num_replicas}, peers={cfg.peers!r}, "
+                         f"peer_selector={cfg.peer_selector!r}): host it with Ray")
+
+    class Server(uvicorn.Server):
+        # uvicorn re-raises a caught SIGTERM once it has stopped, which ends the process
+        # with the signal before the core is closed; the handlers below only ask it to stop
+        @contextlib.contextmanager
+        def capture_signals(self):
+            yield
+
+    async def main() -> None:
+        core = RouterCore(cfg)
+        await core.start(None)
+        server = Server(uvicorn.Config(
+            build_asgi(core), host=host, port=port, loop="uvloop", http="httptools",
+            lifespan="off", access_log=False, log_level="warning", server_header=False))
+
+        async def announce() -> None:
+            while not server.started and not server.should_exit:
+                await asyncio.sleep(0.05)
+            if server.started and on_ready is not None:
+                on_ready()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
+        watch = asyncio.ensure_future(announce())
+        try:
+            await server.serve()
+        finally:
+            watch.cancel()
+            await core.stop()
+    asyncio.run(main())
 
 
 def build_app(cfg: RouterConfig):

@@ -45,6 +45,9 @@ def register(sub) -> None:
                    help="haproxy: Serve's HAProxy with direct ingress (no actor call per "
                         "request; needs the variables set before Ray starts); serve: Serve's "
                         "proxy actor")
+    p.add_argument("--hosting", choices=["ray", "process"], default="ray",
+                   help="ray: Ray Serve (default; replicas, pod peers); process: this process "
+                        "alone without Ray (uvicorn; one replica, no --peers/--peer-selector)")
     p.add_argument("--tokenizer", default="",
                    help="model directory with tokenizer files: key text and chat prompts by tokens")
     p.add_argument("--vocab-size", type=int, default=0,
@@ -95,7 +98,14 @@ def run(args) -> int:
     if args.print_config:
         print(json.dumps(cfg.to_dict(), indent=1))
         return 0
-    from anchorage.cli import CommandFailed
+    from anchorage.cli import CLIError, CommandFailed
+    if args.hosting == "process":
+        from anchorage.router.app import serve_process
+        try:
+            serve_process(cfg, host=args.host, port=args.port)
+        except ValueError as exc:
+            raise CLIError(str(exc)) from None
+        return 0
     try:
         import ray
 

@@ -34,8 +34,8 @@ def add_stack_args(p, *, with_policy: bool = True) -> None:
                         "with dummy weights)")
     p.add_argument("--tiny-model", choices=["ids", "chat"], default="ids",
                    help="the generated model: ids (token-id prompts only; default) or chat (a "
-                        "real tokenizer and chat template: text and chat requests, the router "
-                        "keys them by tokens)")
+                        "real tokenizer and chat template: text and chat requests; the router "
+                        "keys them by tokens for precise_prefix, by characters otherwise)")
     p.add_argument("--prometheus", choices=["auto", "off"], default="auto",
                    help="auto: start a local Prometheus when the binary exists (default)")
     p.add_argument("--base-port", type=int, default=0,
@@ -60,6 +60,10 @@ def add_stack_args(p, *, with_policy: bool = True) -> None:
                    help="Anchorage engines' cap on one prefill chunk per step, tokens "
                         "(vLLM's --long-prefill-token-threshold; the chart's "
                         "longPrefillTokens); 0: none (default)")
+    p.add_argument("--router-hosting", choices=["ray", "process"], default="ray",
+                   help="how Anchorage's router runs: ray (a local Ray with Serve, as KubeRay "
+                        "hosts it; default) or process (one process without Ray: one "
+                        "replica, no Ray processes taking CPU beside the engines)")
     p.add_argument("--gpu", action="store_true",
                    help="engines are the GPU build (no eager/CPU-only flags)")
     p.add_argument("--workdir", default=None,
@@ -95,6 +99,7 @@ def stack_config(args, policy: str | None = None, router: str | None = None):
                       host_tier_mb=args.host_tier_mb,
                       node_pool=getattr(args, "node_pool", False),
                       long_prefill_tokens=args.long_prefill_tokens,
+                      router_hosting=getattr(args, "router_hosting", "ray"),
                       engine_timeout_s=args.engine_timeout)
     try:
         return cfg.validate()

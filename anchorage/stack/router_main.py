@@ -1,7 +1,9 @@
 """``python -m anchorage.stack.router_main CONFIG.json``: a local Ray (no dashboard) with
 Serve's ingress on ``127.0.0.1:<port>`` (HAProxy with direct ingress unless the config says
 ``ingress: serve``) and the Anchorage router deployed from a ``RouterConfig`` dict.
-SIGTERM/SIGINT shut Serve and Ray down.
+SIGTERM/SIGINT shut Serve and Ray down. With ``hosting: process`` in the config the router
+runs in this process without Ray (``anchorage.router.app.serve_process``); SIGTERM/SIGINT
+stop it.
 
 Ray is kept on loopback by ``anchorage.stack.ray_loopback`` (node IP 127.0.0.1, Serve
 replicas' gRPC port on 127.0.0.1; the stack prepares HOME so that no cloud metadata
@@ -34,6 +36,14 @@ def main(path: str) -> int:
     from anchorage.router.app import APP_NAME, build_app, hosting_env
 
     cfg = router_config(spec, os.environ)
+    hosting = spec.get("hosting", "ray")
+    if hosting == "process":
+        from anchorage.router.app import serve_process
+        serve_process(cfg, "127.0.0.1", spec["port"],
+                      on_ready=lambda: print("anchorage router ready", flush=True))
+        return 0
+    if hosting != "ray":
+        raise ValueError(f"hosting must be ray or process, got {hosting!r}")
     os.environ.update(hosting_env(cfg, spec.get("haproxy_dir")))   # before Ray starts
     import ray
     from ray import serve

@@ -57,6 +57,7 @@ class StackConfig:
     host_tier_mb: int = 0              # Anchorage engines' host-memory KV tier, MiB; 0: none
     node_pool: bool = False            # Anchorage engines read one another's host tiers
     long_prefill_tokens: int = 0       # Anchorage engines' prefill chunk cap; 0: none
+    router_hosting: str = "ray"        # ray (a local Ray with Serve) | process (one process)
     cpu: bool = True
     engine_timeout_s: float = 600.0
     router_timeout_s: float = 180.0
@@ -77,6 +78,9 @@ class StackConfig:
             raise ValueError(f"--host-tier-mb must be >= 0, got {self.host_tier_mb}")
         if self.node_pool and not self.host_tier_mb:
             raise ValueError("--node-pool needs --host-tier-mb (the host tiers it shares)")
+        if self.router_hosting not in ROUTER_HOSTINGS:
+            raise ValueError(f"--router-hosting must be one of {', '.join(ROUTER_HOSTINGS)}, "
+                             f"got {self.router_hosting!r}")
         if self.long_prefill_tokens < 0:
             raise ValueError(f"--long-prefill-tokens must be >= 0, got "
                              f"{self.long_prefill_tokens}")
@@ -241,19 +245,13 @@ class Stack:
     def _start_router(self, specs: list, port: int, dummy: bool, base_env: dict,
                       say: Callable[[str], None]) -> str:
         cfg = self.cfg
-        say(f"starting the router (Ray Serve, policy {cfg.router}) ...")
+        how = "Ray Serve" if cfg.router_hosting == "ray" else "one process"
+        say(f"starting the router ({how}, policy {cfg.router}) ...")
         router_url = f"http://127.0.0.1:{port}"
         rdir = self.workdir / "router"
         (rdir / "home").mkdir(parents=True, exist_ok=True)
         ray_loopback.prepare_home(rdir / "home")
-        spec = {"port": port, "num_cpus": 2, "router": {
-            "replicas": [s.url for s in specs], "policy": cfg.router,
-            "policy_params": cfg.router_params, "block_size": cfg.block_size,
-            "health_interval_s": 1.0, "model": "tiny" if dummy else None,
-            "vocab_size": vocab_size(specs[0].model) if dummy else 0,
-            "tokenizer": specs[0].model if specs[0].tokenizer else "",
-            "kv_events": ({s.url: s.kv_endpoint for s in specs}
-                          if cfg.router == "precise_prefix" else {})}}
+        spec = router_spec(cfg, specs, port, dummy)
         if self._haproxy is None:       # HAProxy's files (short path: Unix sockets)
             self._haproxy = tempfile.mkdtemp(prefix="ah-", dir="/tmp")
         spec["haproxy_dir"] = self._haproxy
@@ -344,6 +342,26 @@ class Stack:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
         return killed
+
+
+ROUTER_HOSTINGS = ("ray", "process")
+
+
+def router_spec(cfg: StackConfig, specs: list, port: int, dummy: bool) -> dict:
+    """``router_main``'s config for this stack. The router gets the model's tokenizer only
+    for ``precise_prefix``, which matches the engines' KV events block by block and so
+    needs the engines' tokens; every other policy keys chat and text prompts by characters
+    (as the SGLang gateway does): tokenizing a prompt on the request path costs about 1 ms
+    per 2,700 tokens of CPU (the tiny chat tokenizer; a quarter of the router's busy time
+    in the demo, docs/research/benchmarks-engine.md)."""
+    exact = cfg.router == "precise_prefix"
+    return {"port": port, "num_cpus": 2, "hosting": cfg.router_hosting, "router": {
+        "replicas": [s.url for s in specs], "policy": cfg.router,
+        "policy_params": cfg.router_params, "block_size": cfg.block_size,
+        "health_interval_s": 1.0, "model": "tiny" if dummy else None,
+        "vocab_size": vocab_size(specs[0].model) if dummy else 0,
+        "tokenizer": specs[0].model if exact and specs[0].tokenizer else "",
+        "kv_events": {s.url: s.kv_endpoint for s in specs} if exact else {}}}
 
 
 def router_env(base_env: dict[str, str], home: Path) -> dict[str, str]:

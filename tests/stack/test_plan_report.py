@@ -230,6 +230,37 @@ def test_the_stack_flags_reach_the_engine_specs_and_bad_values_are_clear(tmp_pat
         StackConfig(scheduler="sjf").validate()
 
 
+def test_the_router_spec_hosting_and_tokenizer(tmp_path):
+    """``--router-hosting`` reaches router_main's config (``hosting``, which it runs; the
+    one-process router itself: tests/router/test_hosting_process.py), and the router gets
+    the model's tokenizer (and the engines' KV events) only for precise_prefix."""
+    import argparse
+
+    from anchorage.commands.up import add_stack_args, stack_config
+    from anchorage.stack.engines import EngineSpec
+    from anchorage.stack.stack import StackConfig, router_spec
+    from anchorage.stack.tiny_model import write_model
+
+    model = write_model(tmp_path / "m", "chat")
+    specs = [EngineSpec(i, 20 + i, 30 + i, str(model), tmp_path, tokenizer=True)
+             for i in range(2)]
+    p = argparse.ArgumentParser()
+    add_stack_args(p)
+    p.add_argument("--router-params", default="{}")
+    assert stack_config(p.parse_args([])).router_hosting == "ray"
+    cfg = stack_config(p.parse_args(["--router-hosting", "process"]))
+    spec = router_spec(cfg, specs, 8000, dummy=True)
+    assert spec["hosting"] == "process" and spec["router"]["policy"] == "agent"
+    assert spec["router"]["tokenizer"] == "" and spec["router"]["kv_events"] == {}
+    exact = router_spec(StackConfig(router="precise_prefix"), specs, 8000, dummy=True)
+    assert exact["hosting"] == "ray" and exact["router"]["tokenizer"] == str(model)
+    assert set(exact["router"]["kv_events"]) == {s.url for s in specs}
+    with pytest.raises(SystemExit):
+        p.parse_args(["--router-hosting", "k8s"])
+    with pytest.raises(ValueError, match="--router-hosting must be one of ray, process"):
+        StackConfig(router_hosting="k8s").validate()
+
+
 def test_metrics_parsers():
     from anchorage.drive.metrics import delta, parse, parse_node_agent
 

@@ -1,0 +1,164 @@
+"""The router hosted in one process without Ray (``anchorage.router.app.serve_process``),
+started as the local stack starts it (``python -m anchorage.stack.router_main`` with
+``hosting: process``, what ``anchorage up --router-hosting process`` writes) and as
+``anchorage router --hosting process``, over a fake upstream on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import aiohttp
+import pytest
+
+from anchorage.router.app import shares_decisions
+from anchorage.router.config import RouterConfig
+from tests.router.fake_upstream import FakeUpstream
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def descendants(pid: int) -> list[str]:
+    """The command lines of every process below ``pid``."""
+    parent: dict[int, int] = {}
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                stat = open(f"/proc/{p}/stat").read()
+            except OSError:
+                continue
+            parent[int(p)] = int(stat[stat.rfind(")") + 2:].split()[1])
+    out, todo = [], [pid]
+    while todo:
+        cur = todo.pop()
+        for child, par in parent.items():
+            if par == cur:
+                todo.append(child)
+                try:
+                    out.append(open(f"/proc/{child}/cmdline").read().replace("\0", " "))
+                except OSError:
+                    pass
+    return out
+
+
+async def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as s:
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else proc.returncode
+            try:
+                async with s.get(url + "/healthz") as r:
+                    if r.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.2)
+    raise AssertionError("the router never became ready")
+
+
+async def chat(s: aiohttp.ClientSession, url: str, text: str, session: str) -> tuple[int, bytes]:
+    body = {"model": "tiny", "messages": [{"role": "user", "content": text}], "max_tokens": 3,
+            "stream": True, "stream_options": {"include_usage": True}}
+    async with s.post(url + "/v1/chat/completions", json=body,
+                      headers={"x-session-id": session}) as r:
+        return r.status, await r.read()
+
+
+def stop(proc: subprocess.Popen) -> int:
+    proc.send_signal(signal.SIGTERM)
+    return proc.wait(timeout=30)
+
+
+def test_the_stacks_one_process_router_routes_streams_and_stops(tmp_path):
+    async def run() -> None:
+        ups = [FakeUpstream("a"), FakeUpstream("b")]
+        ports = [await u.start() for u in ups]
+        port = free_port()
+        spec = {"port": port, "hosting": "process", "router": {
+            "replicas": [f"http://127.0.0.1:{p}" for p in ports], "policy": "agent",
+            "model": "tiny", "health_interval_s": 0.5}}
+        path = tmp_path / "router.json"
+        path.write_text(json.dumps(spec))
+        env = {**os.environ, "ANCHORAGE_TENANT_SECRET": "t" * 32}
+        proc = subprocess.Popen([sys.executable, "-m", "anchorage.stack.router_main", str(path)],
+                                cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            await wait_ready(url, proc)
+            # no Ray: nothing below the router process (Ray would start its GCS, raylet
+            # and workers there)
+            assert descendants(proc.pid) == []
+            async with aiohttp.ClientSession() as s:
+                prefix = "the shared instructions of one agent " * 40
+                answers = [await chat(s, url, prefix + f"turn {i}", "sess-1") for i in range(6)]
+                assert all(st == 200 and b"data: [DONE]" in b for st, b in answers), answers
+                # the agent policy keeps a session's turns on one replica
+                served = [len(u.requests) for u in ups]
+                assert sorted(served) == [0, 6], served
+                async with s.post(url + "/v1/chat/completions", data=b"{not json") as r:
+                    err = await r.json()
+                    assert r.status == 400 and err["error"]["type"] == "invalid_request_error"
+                async with s.get(url + "/metrics") as r:
+                    text = await r.text()
+                assert "anchorage_router_requests_total" in text and "sess-1" not in text
+            assert stop(proc) == 0
+            out = proc.stdout.read()
+            assert "anchorage router ready" in out and "Traceback" not in out, out
+            with pytest.raises(OSError):            # the port is closed with it
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            for u in ups:
+                await u.stop()
+    asyncio.run(run())
+
+
+def test_anchorage_router_hosting_process_serves_one_replica_and_refuses_several(tmp_path):
+    async def run() -> None:
+        up = FakeUpstream("a")
+        up_port = await up.start()
+        port = free_port()
+        env = dict(os.environ)
+        argv = [sys.executable, "-m", "anchorage.cli", "router", "--hosting", "process",
+                "--replicas", f"http://127.0.0.1:{up_port}", "--port", str(port)]
+        many = subprocess.run(argv + ["--num-replicas", "2"], env=env, capture_output=True,
+                              text=True, timeout=60)
+        assert many.returncode == 2 and "host it with Ray" in many.stderr
+        assert many.stderr.count("\n") == 1 and "Traceback" not in many.stderr
+        proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            await wait_ready(url, proc)
+            async with aiohttp.ClientSession() as s:
+                st, body = await chat(s, url, "hello there", "s")
+                assert st == 200 and b"data: [DONE]" in body and len(up.requests) == 1
+            assert stop(proc) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            await up.stop()
+    asyncio.run(run())
+
+
+def test_only_several_replicas_or_pod_peers_share_decisions():
+    one = RouterConfig(replicas=["http://127.0.0.1:9"])
+    assert not shares_decisions(one)
+    assert shares_decisions(RouterConfig(replicas=["http://127.0.0.1:9"], num_replicas=2))
+    assert shares_decisions(RouterConfig(replicas=["http://127.0.0.1:9"],
+                                         peers=["http://127.0.0.1:10"]))
+    assert shares_decisions(RouterConfig(replicas=["http://127.0.0.1:9"], peer_selector="a=b"))
