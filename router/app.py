@@ -137,8 +137,9 @@ def shares_decisions(cfg: RouterConfig) -> bool:
 
 def serve_process(cfg: RouterConfig, host: str = "127.0.0.1", port: int = 8000,
                   on_ready=None) -> None:
-    """Serve the router in this process without Ray (uvicorn with uvloop and httptools,
-    no access log): one replica, the same ASGI app and ``RouterCore`` as a Serve replica's.
+    """Serve the router in this process without Ray (uvicorn, with uvloop and httptools
+    where installed, as Ray Serve installs them; no access log): one replica, the same ASGI
+    app and ``RouterCore`` as a Serve replica's.
     Several replicas or pod peers need Ray's decision log: refused here (ValueError).
     ``on_ready()`` is called once it listens. Returns when uvicorn stops (SIGTERM or
     SIGINT), after the core's background tasks and upstream connections are closed."""
@@ -165,7 +166,7 @@ def serve_process(cfg: RouterConfig, host: str = "127.0.0.1", port: int = 8000,
         core = RouterCore(cfg)
         await core.start(None)
         server = Server(uvicorn.Config(
-            build_asgi(core), host=host, port=port, loop="uvloop", http="httptools",
+            build_asgi(core), host=host, port=port, loop="auto", http="auto",
             lifespan="off", access_log=False, log_level="warning", server_header=False))
 
         async def announce() -> None:

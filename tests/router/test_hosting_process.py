@@ -21,7 +21,6 @@ from anchorage.router.app import shares_decisions
 from anchorage.router.config import RouterConfig
 from tests.router.fake_upstream import FakeUpstream
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def free_port() -> int:
