@@ -33,12 +33,11 @@ def main(path: str) -> int:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     for k, v in ray_loopback.ENV.items():
         os.environ.setdefault(k, v)
-    from anchorage.router.app import APP_NAME, build_app, hosting_env
+    from anchorage.router.app import APP_NAME, build_app, hosting_env, serve_process
 
     cfg = router_config(spec, os.environ)
     hosting = spec.get("hosting", "ray")
     if hosting == "process":
-        from anchorage.router.app import serve_process
         serve_process(cfg, "127.0.0.1", spec["port"],
                       on_ready=lambda: print("anchorage router ready", flush=True))
         return 0

@@ -82,12 +82,8 @@ class NodePoolManager(CPUOffloadingManager):
         try:
             self.index.refresh(force=force)
             used = [self._key_of[c] for c in self.index.reads_since() if c in self._key_of]
-            for k in used:
-                c = self._own(k)
-                if c is not None:
-                    self._use(c.chunk_id)
             if used:
-                super().touch(used, _BALANCE)
+                self.touch(used, _BALANCE)
             self.index.set_usage(self._used(), self._tail())
             budget, held, oldest = self.index.node()
             over = held - int(budget * (1 - HEADROOM))

@@ -12,59 +12,23 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import aiohttp
 import pytest
 
 from anchorage.router.app import shares_decisions
 from anchorage.router.config import RouterConfig
+from anchorage.stack.supervisor import descendants, http_ok
 from tests.router.fake_upstream import FakeUpstream
+from tests.support.procs import free_port, wait_until
 
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def descendants(pid: int) -> list[str]:
-    """The command lines of every process below ``pid``."""
-    parent: dict[int, int] = {}
-    for p in os.listdir("/proc"):
-        if p.isdigit():
-            try:
-                stat = open(f"/proc/{p}/stat").read()
-            except OSError:
-                continue
-            parent[int(p)] = int(stat[stat.rfind(")") + 2:].split()[1])
-    out, todo = [], [pid]
-    while todo:
-        cur = todo.pop()
-        for child, par in parent.items():
-            if par == cur:
-                todo.append(child)
-                try:
-                    out.append(open(f"/proc/{child}/cmdline").read().replace("\0", " "))
-                except OSError:
-                    pass
-    return out
-
-
-async def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    async with aiohttp.ClientSession() as s:
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, proc.stdout.read() if proc.stdout else proc.returncode
-            try:
-                async with s.get(url + "/healthz") as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.2)
-    raise AssertionError("the router never became ready")
+async def wait_ready(url: str, proc: subprocess.Popen, log) -> None:
+    """``wait_until`` on the router's /healthz, in a thread: the fake upstreams it
+    health-checks run on this event loop."""
+    await asyncio.to_thread(wait_until, lambda: http_ok(url + "/healthz"), "the router",
+                            60.0, proc, log)
 
 
 async def chat(s: aiohttp.ClientSession, url: str, text: str, session: str) -> tuple[int, bytes]:
@@ -91,12 +55,14 @@ def test_the_stacks_one_process_router_routes_streams_and_stops(tmp_path):
         path = tmp_path / "router.json"
         path.write_text(json.dumps(spec))
         env = {**os.environ, "ANCHORAGE_TENANT_SECRET": "t" * 32}
-        proc = subprocess.Popen([sys.executable, "-m", "anchorage.stack.router_main", str(path)],
-                                cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+        log = tmp_path / "router.log"
+        with open(log, "w") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "anchorage.stack.router_main",
+                                     str(path)], cwd=tmp_path, env=env, stdout=out,
+                                    stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
         try:
-            await wait_ready(url, proc)
+            await wait_ready(url, proc, log)
             # no Ray: nothing below the router process (Ray would start its GCS, raylet
             # and workers there)
             assert descendants(proc.pid) == []
@@ -114,7 +80,7 @@ def test_the_stacks_one_process_router_routes_streams_and_stops(tmp_path):
                     text = await r.text()
                 assert "anchorage_router_requests_total" in text and "sess-1" not in text
             assert stop(proc) == 0
-            out = proc.stdout.read()
+            out = log.read_text()
             assert "anchorage router ready" in out and "Traceback" not in out, out
             with pytest.raises(OSError):            # the port is closed with it
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
@@ -138,11 +104,13 @@ def test_anchorage_router_hosting_process_serves_one_replica_and_refuses_several
                               text=True, timeout=60)
         assert many.returncode == 2 and "host it with Ray" in many.stderr
         assert many.stderr.count("\n") == 1 and "Traceback" not in many.stderr
-        proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+        log = tmp_path / "router.log"
+        with open(log, "w") as out:
+            proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=out,
+                                    stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
         try:
-            await wait_ready(url, proc)
+            await wait_ready(url, proc, log)
             async with aiohttp.ClientSession() as s:
                 st, body = await chat(s, url, "hello there", "s")
                 assert st == 200 and b"data: [DONE]" in body and len(up.requests) == 1
