@@ -17,7 +17,10 @@ No other ``node_agent`` module reads a private field of a vLLM object or patches
 2. Accessors for vLLM's private structures: the engine chain (``LLM`` -> engine core ->
    scheduler -> ``KVCacheManager`` -> ``BlockPool``), the pool's free queue (a linked list
    with sentinels), its prefix-cache maps, the KV cache config, the scheduler's queue and
-   the shape the prefix-aware scheduler needs.
+   the shape the prefix-aware scheduler needs; for the host tier's synchronous loads, the
+   offloading connector's load jobs of the step being scheduled
+   (``offload_step_load_jobs``) and a request's blocks as the connector expects them
+   before vLLM caches them (``blocks_before_caching``).
 3. Slots: the attributes Anchorage keeps on vLLM's ``BlockPool`` objects (its policy
    driver, config reloader and the scheduler's waiting-demand callback).
 4. ``ensure_cpu_attention_isa``: vLLM 0.32's CPU attention kernel (ISA ``amx``) runs AMX
@@ -431,6 +434,44 @@ def is_fresh_waiting(request: Any) -> bool:
     from vllm.v1.request import RequestStatus
 
     return request.status is RequestStatus.WAITING and not request.num_computed_tokens
+
+
+# -- the offloading connector ---------------------------------------------------------------
+
+
+class _Uncached:
+    """A device block as vLLM's offloading connector sees it before vLLM caches it."""
+
+    __slots__ = ("block_hash", "block_id", "is_null")
+
+    def __init__(self, block: Any):
+        self.block_id = block.block_id
+        self.is_null = block.is_null
+        self.block_hash = None
+
+
+def blocks_before_caching(blocks: Any, ranges: dict[int, tuple[int, int]]) -> Any:
+    """``KVCacheBlocks`` with the blocks ``ranges[group] = (first, end)`` shown uncached.
+    vLLM's ``OffloadingConnectorScheduler.update_state_after_alloc`` loads into the
+    request's uncached blocks after its local hit: what an asynchronous load's blocks are
+    (``allocate_slots(delay_cache_blocks=True)``). A synchronous load's blocks are cached
+    at allocation, so the connector is shown them as they were before."""
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+
+    groups = []
+    for g, blks in enumerate(blocks.blocks):
+        lo, hi = ranges.get(g, (0, 0))
+        if hi > lo:
+            blks = list(blks)
+            blks[lo:hi] = [b if b.is_null else _Uncached(b) for b in blks[lo:hi]]
+        groups.append(blks)
+    return KVCacheBlocks(tuple(groups))
+
+
+def offload_step_load_jobs(connector_scheduler: Any) -> dict:
+    """The load jobs ``OffloadingConnectorScheduler`` has created in the step being
+    scheduled (job id -> ``TransferJob``; sent to the workers by ``build_connector_meta``)."""
+    return connector_scheduler._current_batch_load_jobs
 
 
 # -- Anchorage's slots on vLLM objects --------------------------------------------------------

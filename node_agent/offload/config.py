@@ -35,7 +35,12 @@ optional; an unknown key is an error naming it):
   ``cpu_bytes_to_use`` this engine's host tier may grow while the node's engines hold less
   than the sum of theirs (the node-wide LRU: ``pool_manager``); 1 keeps each engine within
   its own. The engine's memory then varies up to this many times ``cpu_bytes_to_use``
-  (the pages of the chunks it holds), the node's total stays the sum.
+  (the pages of the chunks it holds), the node's total stays the sum;
+- ``sync_load_max_ms`` (number >= 0, default 2): a host hit whose copy (its bytes over
+  ``link_gbs``; with the step's other synchronous copies) takes at most this long is
+  loaded in the step that schedules its request, before the forward pass, and the
+  request is prefilled in that step (``anchorage.tiering.loads``); a larger one is
+  loaded between steps, as vLLM loads every hit. 0 loads every hit as vLLM does.
 
 With ``AnchorageOffloadingConnector``, vLLM's ``kv_load_failure_policy`` must be
 ``recompute`` (a failed load is then recomputed and the request completes).
@@ -48,6 +53,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
+
+from anchorage.tiering.loads import SYNC_LOAD_MAX_S
 
 FIELD = "kv_connector_extra_config"
 
@@ -66,6 +73,7 @@ class OffloadConfig:
     snapshot_interval_s: float = 0.5
     node_pool_dir: str | None = None
     node_pool_growth: int = 4
+    sync_load_max_ms: float = SYNC_LOAD_MAX_S * 1000
     cpu_bytes_to_use: int = 0
 
     @property
@@ -108,6 +116,13 @@ class OffloadConfig:
                 raise HostTierConfigError(f"{FIELD}.anchorage.{k} must be a number > 0, "
                                           f"got {v!r}")
             out[k] = float(v)
+        if "sync_load_max_ms" in raw:
+            v = raw["sync_load_max_ms"]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (
+                    math.isfinite(v) and v >= 0):
+                raise HostTierConfigError(f"{FIELD}.anchorage.sync_load_max_ms must be a "
+                                          f"number >= 0, got {v!r}")
+            out["sync_load_max_ms"] = float(v)
         if "node_pool_growth" in raw:
             v = raw["node_pool_growth"]
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:

@@ -28,6 +28,20 @@ Scheduler side (``anchorage.node_agent.offload.tracker.HostTierTracker``):
   (held back before vLLM completes the store);
 - the snapshot (``host_tier.json`` in the state directory) every ``snapshot_interval_s``.
 
+Synchronous loads (``anchorage.tiering.loads``; ``sync_load_max_ms``, Anchorage on):
+``get_num_new_matched_tokens`` turns vLLM's asynchronous host hit into a synchronous one
+when it leaves at least one token to compute and ``sync_load`` accepts its copy (the hit's blocks times the KV bytes per block, over
+``link_gbs``; the step's earlier synchronous copies counted): vLLM then schedules the
+request in this step and tells the worker to load before the forward pass
+(``SchedulerOutput.has_sync_kv_loads``). ``build_connector_meta`` sends the step's
+synchronous load jobs to the worker (``AnchorageConnectorMetadata.sync_loads``; without
+any, vLLM's metadata unchanged). The worker side waits for those jobs after submitting
+them (``OffloadingWorker.wait``: a no-op for the CPU copy worker, whose copies are
+synchronous; the transfer's event on CUDA) and keeps their requests out of
+``finished_recving`` (vLLM's scheduler expects it only for requests waiting for remote
+KV; a synchronously loaded request is already running). The tracker counts them
+(``transfers.sync_loads``).
+
 Worker side: with the CPU transfer worker, ``get_block_ids_with_load_errors`` reports the
 device blocks of failed loads (vLLM then recomputes them: ``kv_load_failure_policy`` must
 be ``recompute``, checked at start), and the worker metadata carries its failures. vLLM
@@ -53,12 +67,14 @@ from typing import Any
 from vllm.config import VllmConfig
 from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
+    OffloadingConnectorMetadata,
     OffloadingWorkerMetadata,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import (
     OffloadingConnector,
 )
 from vllm.v1.kv_offload.base import make_offload_key
+from vllm.v1.outputs import KVConnectorOutput
 
 from anchorage.node_agent.offload.config import (
     HostTierConfigError,
@@ -72,6 +88,7 @@ from anchorage.node_agent.offload.worker import TorchCopyWorker
 from anchorage.node_agent.request_context import anchorage_args, policy_clock
 from anchorage.tiering.controller import PoolReading, SessionReading
 from anchorage.tiering.host_tier import HostTierConfig
+from anchorage.tiering.loads import sync_load
 from anchorage.tiering.params import TemporalParams
 from anchorage.tiering.returns import SessionReturns
 
@@ -123,6 +140,13 @@ class AnchorageWorkerMetadata(OffloadingWorkerMetadata):
                                        failed_loads=loads)
 
 
+@dataclass
+class AnchorageConnectorMetadata(OffloadingConnectorMetadata):
+    """vLLM's connector metadata plus the step's synchronous load jobs."""
+
+    sync_loads: frozenset[int] = frozenset()
+
+
 def request_meta(request: Any) -> dict[str, Any]:
     a = anchorage_args(request)
     sid = getattr(request, "session_id", None)
@@ -151,7 +175,15 @@ class AnchorageOffloadingConnector(OffloadingConnector):
             self.connector_scheduler is not None) else None
         self._load_jobs: dict[int, str] = {}  # load job in flight -> request id
         self._no_host: set[str] = set()       # requests whose load failed: recomputed
-        if role == KVConnectorRole.SCHEDULER and anchorage_enabled(self.anchorage):
+        on = anchorage_enabled(self.anchorage)
+        # synchronous loads: scheduler side, this step's requests and copy time; worker
+        # side, requests loaded synchronously whose completion vLLM must not see
+        self._sync_max_s = self.anchorage.sync_load_max_ms / 1e3 if on else 0.0
+        self._sync_reqs: set[str] = set()
+        self._step_sync_s = 0.0
+        self._sync_done: set[str] = set()
+        self._sync_jobs: set[int] = set()
+        if role == KVConnectorRole.SCHEDULER and on:
             self._start_tracker(kv_cache_config)
 
     # -- scheduler side -------------------------------------------------------------------
@@ -199,17 +231,63 @@ class AnchorageOffloadingConnector(OffloadingConnector):
         out = super().get_num_new_matched_tokens(request, num_computed_tokens)
         if request.request_id in self._no_host and out[0]:
             out = (0, False)  # its load failed: vLLM retries the lookup; recompute instead
+        elif (out[0] and out[1] and self._sync_max_s > 0 and self._block_bytes > 0
+              and num_computed_tokens + out[0] < request.num_tokens):
+            # (a hit of the whole prompt stays asynchronous: vLLM computes at least one
+            # token in the step that schedules a request)
+            blocks = -(-out[0] // self._block_size)
+            copy_s = blocks * self._block_bytes / (self.anchorage.link_gbs * 1e9)
+            if sync_load(copy_s, self._step_sync_s, self._sync_max_s):
+                self._step_sync_s += copy_s
+                self._sync_reqs.add(request.request_id)
+                out = (out[0], False)
         if self.tracker is not None:
             self._local[request.request_id] = num_computed_tokens
         return out
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
+        sync = bool(num_external_tokens) and request.request_id in self._sync_reqs
+        if sync:
+            blocks = self._as_before_caching(blocks, self._local.get(request.request_id, 0),
+                                             num_external_tokens)
         out = super().update_state_after_alloc(request, blocks, num_external_tokens)
+        if sync:
+            self._complete_sync_load(request.request_id)
         if self.tracker is not None:
             local = self._local.pop(request.request_id, 0)
             self.tracker.allocated(request.request_id, local, num_external_tokens,
                                    self._block_size)
         return out
+
+    def _as_before_caching(self, blocks, local: int, external: int):
+        """The request's blocks with the loaded range uncached: vLLM's connector plans its
+        load over the blocks after the local hit that vLLM has not cached yet, and a
+        synchronous load's blocks are cached when they are allocated."""
+        from anchorage.node_agent.vllm_compat import blocks_before_caching
+
+        ranges = {}
+        for g in self.connector_scheduler.config.kv_group_configs:
+            tpb = g.tokens_per_block
+            ranges[g.group_idx] = (-(-local // tpb), -(-(local + external) // tpb))
+        return blocks_before_caching(blocks, ranges)
+
+    def _complete_sync_load(self, rid: str) -> None:
+        """The request's load job, just created, runs before this step's forward pass: vLLM's
+        scheduler side completes it now (its own completion path, as if the workers had
+        reported it), so the request's stores of this step are allowed (vLLM issues a
+        store only when no load of the request is pending) and its host chunks are
+        released; the host chunks are read before any store this step plans can reuse
+        them (stores run from the next step on). The workers leave the job out of their
+        completions (``build_connector_worker_meta``)."""
+        from anchorage.node_agent.vllm_compat import offload_step_load_jobs
+
+        cs = self.connector_scheduler
+        jobs = [j for j, job in offload_step_load_jobs(cs).items() if job.req_id == rid]
+        if jobs:
+            n = cs.config.num_workers
+            cs.update_connector_output(KVConnectorOutput(
+                kv_connector_worker_meta=OffloadingWorkerMetadata(
+                    completed_jobs={j: n for j in jobs})))
 
     def _readings(self, request):
         def read(sid):
@@ -268,8 +346,20 @@ class AnchorageOffloadingConnector(OffloadingConnector):
 
     def build_connector_meta(self, scheduler_output):
         meta = super().build_connector_meta(scheduler_output)
+        sync = self._sync_reqs
         for job_id, job in meta.load_jobs.items():
-            self._load_jobs[job_id] = job.req_id
+            if job.req_id not in sync:  # a failed synchronous load: vLLM recomputes it
+                self._load_jobs[job_id] = job.req_id
+        if sync:
+            jobs = frozenset(j for j, job in meta.load_jobs.items() if job.req_id in sync)
+            if jobs:
+                meta = AnchorageConnectorMetadata(
+                    load_jobs=meta.load_jobs, store_jobs=meta.store_jobs,
+                    jobs_to_flush=meta.jobs_to_flush, sync_loads=jobs)
+                if self.tracker is not None:
+                    self.tracker.sync_loads += len(jobs)
+            sync.clear()
+        self._step_sync_s = 0.0
         t = self.tracker
         if t is not None:
             t.maybe_write(self.anchorage.state_path, self.anchorage.snapshot_interval_s,
@@ -313,12 +403,34 @@ class AnchorageOffloadingConnector(OffloadingConnector):
         w = self.connector_worker.worker if self.connector_worker is not None else None
         return w if isinstance(w, TorchCopyWorker) else None
 
+    def start_load_kv(self, forward_context, **kwargs) -> None:
+        super().start_load_kv(forward_context, **kwargs)
+        meta = self._connector_metadata
+        jobs = getattr(meta, "sync_loads", None)
+        if jobs:  # the forward pass reads them: wait for the copies
+            self.connector_worker.worker.wait(set(jobs))
+            self._sync_done.update(meta.load_jobs[j].req_id for j in jobs)
+            self._sync_jobs.update(jobs)
+
+    def get_finished(self, finished_req_ids: set[str]):
+        sending, recving = super().get_finished(finished_req_ids)
+        if self._sync_done and recving:
+            done = self._sync_done.intersection(recving)
+            self._sync_done -= done
+            recving = set(recving) - done
+        return sending, recving
+
     def get_block_ids_with_load_errors(self) -> set[int]:
         w = self._copy_worker()
         return w.take_load_errors() if w is not None else set()
 
     def build_connector_worker_meta(self):
         meta = super().build_connector_worker_meta()
+        if meta is not None and self._sync_jobs:  # completed by the scheduler side
+            done = self._sync_jobs.intersection(meta.completed_jobs)
+            for j in done:
+                del meta.completed_jobs[j]
+            self._sync_jobs -= done
         w = self._copy_worker()
         if w is None:
             return meta

@@ -23,7 +23,8 @@ Events, from ``AnchorageOffloadingConnector`` (plain values):
   accepted offload pins those keys in host memory until the session is back
   (``TemporalController.offloaded``) and schedules its warm-up at ``reload_at``.
 - ``transferred(d2h_bytes, h2d_bytes, stores, loads)``: vLLM's transfer statistics of one
-  step (the worker's ``TransferStats``).
+  step (the worker's ``TransferStats``); ``sync_loads``, the loads copied in the step that
+  schedules their request (the connector counts them: ``anchorage.tiering.loads``).
 - ``failed(counts)``: the worker's failures of one step (``store_failures``,
   ``load_failures``, ``timeouts``): each is a fallback to recomputation; ``peer_stale``
   (with the node pool), the failed loads whose peer's chunk changed (also in
@@ -74,6 +75,7 @@ class HostTierTracker:
         self.salts: dict[Any, str | None] = {}
         self.hit_tokens = self.hit_blocks = 0
         self.stores = self.loads = 0
+        self.sync_loads = 0  # loads copied in their request's step (the connector counts)
         self.outcomes: Counter = Counter()
         self.bytes = {"d2h": 0, "h2d": 0}
         self.fallbacks: Counter = Counter()
@@ -168,7 +170,8 @@ class HostTierTracker:
             "used_chunks": int(self.occupancy()),
             "hits": {"tokens": self.hit_tokens, "blocks": self.hit_blocks},
             "stores": self.stores, "loads": {o: int(self.outcomes.get(o, 0)) for o in OUTCOMES},
-            "transfers": {"stores": self.stores, "loads": self.loads},
+            "transfers": {"stores": self.stores, "loads": self.loads,
+                          "sync_loads": self.sync_loads},
             "bytes": dict(self.bytes),
             "fallbacks": {f: int(self.fallbacks.get(f, 0)) for f in FALLBACKS},
             "gate": dict(self.ctl.gate), "actions": dict(self.ctl.actions),

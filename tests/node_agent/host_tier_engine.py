@@ -149,11 +149,17 @@ class Driver:
             inner = rid if rid in reqs else next(k for k in reqs if k.startswith(rid + "-"))
             self.hashes[rid] = reqs[inner].block_hashes
         out: dict[str, dict] = {}
+        first: dict[str, int] = {}  # request id -> engine steps to its first token
+        steps = 0
         while e.has_unfinished_requests():
+            steps += 1
             for o in e.step():
+                if o.outputs and o.outputs[0].token_ids:
+                    first.setdefault(o.request_id, steps)
                 if o.finished:
                     out[o.request_id] = {"cached": o.num_cached_tokens or 0,
-                                         "tokens": list(o.outputs[0].token_ids)}
+                                         "tokens": list(o.outputs[0].token_ids),
+                                         "first_token_step": first.get(o.request_id)}
             self.clock.t += step_s
         return [out[r] for r in rids]
 
@@ -207,10 +213,14 @@ def served(after: dict, before: dict) -> dict[str, float]:
         "load_bytes": delta(after, before, "vllm:kv_offload_load_bytes")}
 
 
-def stall_reload(**_: Any) -> dict[str, Any]:
+def stall_reload(sync_load_max_ms: float | None = None, **_: Any) -> dict[str, Any]:
     """A session's prefix, evicted from the device pool during a tool stall, comes back
-    from host memory; the same tokens as recomputing it."""
-    d = Driver(ktc(8 << 20, anchorage={"state_dir": _["state_dir"]}))
+    from host memory; the same tokens as recomputing it. ``sync_load_max_ms``: the host
+    tier's key (None: its default)."""
+    a = {"state_dir": _["state_dir"]}
+    if sync_load_max_ms is not None:
+        a["sync_load_max_ms"] = sync_load_max_ms
+    d = Driver(ktc(8 << 20, anchorage=a))
     # what the engine's /metrics serves (vLLM's registry) before any transfer
     import prometheus_client
     metrics_text = prometheus_client.generate_latest().decode()
@@ -222,11 +232,12 @@ def stall_reload(**_: Any) -> dict[str, Any]:
     before = d.counters()
     back = d.one(a2, "a", max_tokens=4)
     after = d.counters()
-    loaded = d.block_digests(back["rid"], 20)
+    full = len(a2) // BS  # 20 loaded blocks, then 2 computed over them
+    loaded = d.block_digests(back["rid"], full)
     d.llm.reset_prefix_cache(reset_connector=True)  # both tiers empty: a recomputation
     fresh = d.one(a2, "a", max_tokens=4)
     again = d.counters()
-    computed = d.block_digests(fresh["rid"], 20)
+    computed = d.block_digests(fresh["rid"], full)
     conn = d.connector
     w = d.copy_worker()
     host = d.host_view()
@@ -236,9 +247,12 @@ def stall_reload(**_: Any) -> dict[str, Any]:
         "store_bytes": after.get("vllm:kv_offload_store_bytes", 0.0),
         "same_tokens": back["tokens"] == fresh["tokens"], "tokens": back["tokens"],
         "fresh_computed": delta(again, after, "vllm:prompt_tokens_by_source[local_compute]"),
-        "same_kv": None not in loaded and loaded == computed,
-        "distinct_blocks": len(set(computed)),
+        "same_kv": None not in loaded and loaded[:20] == computed[:20],
+        "same_kv_after": None not in loaded and loaded[20:] == computed[20:],
+        "full_blocks": full, "distinct_blocks": len(set(computed[:20])),
         "cached": back["cached"], "host": host, "state_path": conn.anchorage.state_path,
+        "first_token_step": back["first_token_step"],
+        "fresh_first_token_step": fresh["first_token_step"],
         "worker_host_bytes": None if w is None else w.host_bytes,
         "metrics_text_at_start": metrics_text,
     }
@@ -365,6 +379,8 @@ def failure(mode: str, **_: Any) -> dict[str, Any]:
     return {"same_tokens": back["tokens"] == fresh["tokens"],
             "same_kv": None not in got and got == want,
             "computed": delta(after, before, "vllm:prompt_tokens_by_source[local_compute]"),
+            "host_tokens": delta(after, before, "vllm:prompt_tokens_cached_by_source[host]"),
+            "sync_loads": t.sync_loads, "first_token_step": back["first_token_step"],
             "prompt_tokens": len(a2), "fallbacks": dict(t.fallbacks),
             "worker": dict(d.copy_worker().counts)}
 

@@ -30,6 +30,12 @@ def test_a_prefix_evicted_during_a_tool_stall_comes_back_from_host_memory(tmp_pa
     assert r["load_bytes"] == 20 * r["host"]["chunk_bytes"], "real bytes moved"
     # the bytes loaded are the KV a recomputation produces, block for block
     assert r["same_kv"] and r["distinct_blocks"] == 20 and r["same_tokens"]
+    # loaded synchronously (a 640 KiB copy, under the 2 ms default): the request is
+    # prefilled in the step that looks it up, like the recomputation, and the blocks that
+    # step computes over the loaded prefix are a recomputation's (the copy came first)
+    assert r["host"]["transfers"]["sync_loads"] == 1
+    assert r["first_token_step"] == r["fresh_first_token_step"] == 1
+    assert r["same_kv_after"] and r["full_blocks"] == 22
     # the router tells a tiered replica from its /metrics from the engine's start
     assert has_host_tier(r["metrics_text_at_start"])
     # host memory is bounded by cpu_bytes_to_use
@@ -41,6 +47,16 @@ def test_a_prefix_evicted_during_a_tool_stall_comes_back_from_host_memory(tmp_pa
     snap = json.loads(open(r["state_path"]).read())
     assert snap["format"] == "anchorage-host-tier/v1"
     assert snap["hits"]["blocks"] >= 20 and snap["bytes"]["h2d"] >= r["load_bytes"]
+
+
+def test_sync_load_max_ms_0_loads_between_steps_as_vllm_does(tmp_path):
+    """``sync_load_max_ms: 0``: vLLM's asynchronous load; the request waits a step."""
+    slow()
+    r = run("stall_reload", state_dir=str(tmp_path), sync_load_max_ms=0)
+    assert r["host_tokens"] == r["prefix_tokens"] and r["load_bytes"] > 0
+    assert r["host"]["transfers"]["sync_loads"] == 0
+    assert r["first_token_step"] == 2 and r["fresh_first_token_step"] == 1
+    assert r["same_kv"] and r["same_kv_after"] and r["same_tokens"]
 
 
 def test_under_a_flood_anchorage_keeps_the_session_that_returns_soonest_and_lru_drops_it():
@@ -84,7 +100,11 @@ def test_with_the_plugin_off_the_host_tier_is_stock_byte_for_byte():
 def test_a_failed_or_late_transfer_falls_back_to_recomputation(mode):
     slow()
     r = run("failure", mode=mode)
-    assert r["computed"] == r["prompt_tokens"], "the prefix was recomputed"
+    # the load was planned (a synchronous one: vLLM counts its admission as a host hit)
+    assert r["sync_loads"] == 1 and r["host_tokens"] == r["prompt_tokens"] - r["computed"]
+    # ... failed, and vLLM recomputed the prefix: the step that loaded it gave no token
+    # (its output is dropped), the next prefilled it again, with the right KV and tokens
+    assert r["first_token_step"] == 2
     assert r["same_kv"] and r["same_tokens"], "the request completed with correct KV"
     fb = r["fallbacks"]
     assert fb["load_failed"] >= 1
