@@ -50,7 +50,11 @@ reservation's; otherwise the replica's ``admission`` order applies), ``on_admit`
 as host hits; the prompt's continuation held in host memory is reloaded before use: the
 request holds its blocks but is not scheduled until ``ready_s``) and ``on_turn_end``
 (a request completed: the offload decision). When every running request waits for a
-reload and nothing else can run, the step is an idle wait until the first is ready.
+reload and nothing else can run, the step is an idle wait until the first is ready. A load
+that ``anchorage.tiering.loads.sync_load`` takes synchronously (its transfer, from the
+admission to ``ready_s``, with the step's earlier synchronous loads; the tier's
+``cfg.sync_load_max_s``) is waited for by the step that admits the request: the request is
+scheduled in it and the step's duration grows by the longest such wait.
 Without ``tiering`` the replica behaves exactly as before.
 """
 
@@ -67,6 +71,7 @@ from anchorage.pool.block_pool import Allocation, BlockPool
 from anchorage.sim import queues, span
 from anchorage.sim.costmodel import step_time_s
 from anchorage.sim.profiles import HardwareProfile
+from anchorage.tiering.loads import sync_load
 
 
 class SimRequest:
@@ -184,6 +189,7 @@ class Replica:
         self.busy = False
         self.stats = ReplicaStats()
         self._blocked: tuple[SimRequest, int] | None = None  # (head, pool free epoch)
+        self._sync_wait_s = 0.0   # this step's synchronous host loads (anchorage.tiering.loads)
         self.tiering: Any = None  # anchorage.tiering.sim.SimTiering, optional
         self.spans = False        # plan pure-decode steps as spans (anchorage.sim.span)
         self.retention: Any = None  # anchorage.sim.retention.ContinuumPins, optional
@@ -236,6 +242,7 @@ class Replica:
         p = self.profile
         items: list[tuple[SimRequest, int, bool]] = []
         tier = self.tiering
+        self._sync_wait_s = 0.0
         if tier is not None:
             tier.on_step(now)
         if self.retention is not None and self.retention.pins:
@@ -254,7 +261,7 @@ class Replica:
             return None
         prefill = [(n, r.num_computed) for r, n, pf in items if pf]
         decode = [r.num_computed for r, n, pf in items if not pf]
-        dur = self.cost(p, prefill, decode)
+        dur = self.cost(p, prefill, decode) + self._sync_wait_s
         plan = StepPlan(start_s=now, duration_s=dur, items=items)
         if self.spans and not prefill and span.spannable(self, plan, stalled):
             horizon = tier.next_due_s() if tier is not None else float("inf")
@@ -363,6 +370,11 @@ class Replica:
             gpu_hit -= warm  # reloaded ahead of time: served from host
             host_hit = warm + host
             reused += host
+            wait = self._sync_wait_s
+            if ready > now and sync_load(max(0.0, ready - now - wait), wait,
+                                         tier.cfg.sync_load_max_s):
+                self._sync_wait_s = max(wait, ready - now)  # this step waits for the copy
+                ready = now
             r.ready_s = ready
             r.host_hit_blocks += host_hit
             r.host_hit_tokens += host_hit * bs

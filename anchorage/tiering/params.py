@@ -30,7 +30,11 @@ other replicas, one copy per node: ``anchorage.tiering.host_tier.share_hosts``),
 (the same with the node's capacity and LRU order over the tiers: the engine's node pool,
 ``host_tier.lru_hosts``) or ``pooled``
 (one allocator over the node's host memory: ``host_tier.pool_hosts``, a reference); the
-scopes other than ``replica`` need a mode other than ``offload``.
+scopes other than ``replica`` need a mode other than ``offload``. ``sync_load_max_s``
+(default ``anchorage.tiering.loads.SYNC_LOAD_MAX_S``, 2 ms; >= 0, ``inf`` allowed): a host
+load the replica waits for in the step that admits its request, as the engine's host tier
+does (``anchorage.tiering.loads.sync_load`` over the load's transfer time); 0 is vLLM's
+offloading connector (every load between steps).
 
 ``TemporalParams.from_env(env)``: the engine's configuration (``ANCHORAGE_HOST_BYTES``,
 required, > 0: the host budget in bytes, the offload connector's ``cpu_bytes_to_use``;
@@ -50,6 +54,7 @@ from dataclasses import dataclass, field
 from anchorage.tiering import spatial as sp
 from anchorage.tiering.forecast import IdleEstimate
 from anchorage.tiering.host_tier import GB, HostTierConfig
+from anchorage.tiering.loads import SYNC_LOAD_MAX_S
 from anchorage.tiering.temporal import GateParams
 
 ENV_HOST_BYTES = "ANCHORAGE_HOST_BYTES"
@@ -121,9 +126,13 @@ class TieringConfig(TemporalParams):
     host_policy: str = "lru"
     reload_ahead: bool = False
     host_scope: str = "replica"
+    sync_load_max_s: float = SYNC_LOAD_MAX_S
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if math.isnan(self.sync_load_max_s) or self.sync_load_max_s < 0:
+            raise ValueError(f"sync_load_max_s must be >= 0 (seconds; inf: every load), got "
+                             f"{self.sync_load_max_s!r}")
         if self.mode not in MODES:
             raise ValueError(f"tiering mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.host_scope not in HOST_SCOPES:

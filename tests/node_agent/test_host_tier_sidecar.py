@@ -79,6 +79,9 @@ def test_the_snapshot_reader_rejects_a_bad_document():
     ({"state_dir": ""}, "anchorage.state_dir"),
     ({"node_pool_growth": 0}, "anchorage.node_pool_growth"),
     ({"node_pool_growth": 1.5}, "anchorage.node_pool_growth"),
+    ({"sync_load_max_ms": -1}, "anchorage.sync_load_max_ms"),
+    ({"sync_load_max_ms": float("inf")}, "anchorage.sync_load_max_ms"),
+    ({"sync_load_max_ms": True}, "anchorage.sync_load_max_ms"),
     ({"nope": 1}, "unknown key(s) nope"),
 ])
 def test_bad_anchorage_keys_name_the_field(anch, field):
@@ -96,6 +99,11 @@ def test_the_transfer_config_is_what_vllm_reads():
     assert ec["spec_name"] == "AnchorageOffloadingSpec"
     assert OffloadConfig.from_extra_config(ec) == OffloadConfig(
         reload_ahead=False, cpu_bytes_to_use=1 << 30)
+    assert OffloadConfig().sync_load_max_ms == 2.0  # anchorage.tiering.loads' default
+    for v in (0, 0.5, 10):
+        ec = transfer_config(1 << 30, anchorage={"sync_load_max_ms": v})[
+            "kv_connector_extra_config"]
+        assert OffloadConfig.from_extra_config(ec).sync_load_max_ms == v
     stock = transfer_config(1 << 30, policy="lru", connector="stock", spec="vllm")
     assert stock == {"kv_role": "kv_both", "kv_connector": "OffloadingConnector",
                      "kv_connector_extra_config": {"cpu_bytes_to_use": 1 << 30,

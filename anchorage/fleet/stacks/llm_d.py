@@ -7,7 +7,8 @@ queue-scorer 1.0, max-score-picker; router ``llm_d``); the tiered-prefix-cache g
 (``guides/tiered-prefix-cache/cpu/modelserver/gpu/vllm/offloading-connector``:
 ``OffloadingConnector`` with ``cpu_bytes_to_use``): vLLM stores every computed block in
 host memory (incremental, LRU) and loads a prefix hit from it when a request is
-scheduled (tiering ``store-all``); the GPU order stays vLLM's LRU.
+scheduled (tiering ``store-all``), always asynchronously (the request is prefilled in a
+later step: ``sync_load_max_s`` 0); the GPU order stays vLLM's LRU.
 """
 
 from anchorage.fleet.spec import StackSpec
@@ -22,5 +23,6 @@ STACKS = {
         name="llm-d+offload", peer="llm-d + vLLM CPU offload",
         source=SRC + "; guides/tiered-prefix-cache/cpu offloading-connector "
                      "(vLLM OffloadingConnector, cpu_bytes_to_use)",
-        router="llm_d", policy="lru", admission="fcfs", tiering="store-all"),
+        router="llm_d", policy="lru", admission="fcfs", tiering="store-all",
+        tiering_params={"sync_load_max_s": 0.0}),
 }
