@@ -39,8 +39,12 @@ any, vLLM's metadata unchanged). The worker side waits for those jobs after subm
 them (``OffloadingWorker.wait``: a no-op for the CPU copy worker, whose copies are
 synchronous; the transfer's event on CUDA) and keeps their requests out of
 ``finished_recving`` (vLLM's scheduler expects it only for requests waiting for remote
-KV; a synchronously loaded request is already running). The tracker counts them
-(``transfers.sync_loads``).
+KV; a synchronously loaded request is already running). When a synchronous load fails
+(the CPU copy worker only: vLLM's own worker has no failures), vLLM recomputes the request
+from the failed block, but this step's forward pass has already computed its later blocks
+over the bad prefix: the worker fails the request's store jobs of this step
+(``TorchCopyWorker.fail_stores``), so those host copies are marked bad, never served. The
+tracker counts synchronous loads (``transfers.sync_loads``).
 
 Worker side: with the CPU transfer worker, ``get_block_ids_with_load_errors`` reports the
 device blocks of failed loads (vLLM then recomputes them: ``kv_load_failure_policy`` must
@@ -411,6 +415,11 @@ class AnchorageOffloadingConnector(OffloadingConnector):
             self.connector_worker.worker.wait(set(jobs))
             self._sync_done.update(meta.load_jobs[j].req_id for j in jobs)
             self._sync_jobs.update(jobs)
+            w = self._copy_worker()
+            bad = set() if w is None else {
+                meta.load_jobs[j].req_id for j in jobs if w.load_failed(j)}
+            if bad:  # this step computes their later blocks over a bad prefix
+                w.fail_stores([j for j, job in meta.store_jobs.items() if job.req_id in bad])
 
     def get_finished(self, finished_req_ids: set[str]):
         sending, recving = super().get_finished(finished_req_ids)

@@ -39,7 +39,9 @@ success, so a failure is recorded here instead:
 - a failed load, or a load that reads a bad chunk: its device blocks are reported through
   ``take_load_errors()`` (the connector's ``get_block_ids_with_load_errors``), so vLLM's
   scheduler recomputes them (``kv_load_failure_policy="recompute"``);
-- a later successful store to a bad chunk makes it good again.
+- a later successful store to a bad chunk makes it good again;
+- a store job named by ``fail_stores`` fails when it runs (a synchronous load failed in
+  the step that computed its blocks: they were computed over a prefix vLLM recomputes).
 
 Counters (``counts``): ``stores``, ``loads``, ``store_failures``, ``load_failures``,
 ``timeouts``, ``bytes_d2h``, ``bytes_h2d``, ``peer_loads`` / ``peer_blocks`` (loads that read
@@ -131,6 +133,7 @@ class TorchCopyWorker(OffloadingWorker):
         self._new_bad: set[int] = set()
         self._load_errors: set[int] = set()
         self._failed_loads: list[int] = []
+        self._doomed: set[int] = set()  # store jobs to fail (their source blocks are bad)
         self._finished: list[TransferResult] = []
 
     # -- the copy -------------------------------------------------------------------------
@@ -211,7 +214,10 @@ class TorchCopyWorker(OffloadingWorker):
             chunks = [c for c, o in zip(chunks, host_spec.owners.tolist()) if o < 0]
         t0 = time.perf_counter()
         nbytes, why = 0, None
-        if not to_host and self.bad_chunks.intersection(chunks):
+        if to_host and job_id in self._doomed:
+            self._doomed.discard(job_id)
+            why = "bad source"
+        elif not to_host and self.bad_chunks.intersection(chunks):
             why = "bad chunk"
         else:
             try:
@@ -265,6 +271,16 @@ class TorchCopyWorker(OffloadingWorker):
 
     def wait(self, job_ids: set[int]) -> None:
         return  # copies are synchronous
+
+    def load_failed(self, job_id: int) -> bool:
+        """Whether load job ``job_id`` failed (until ``failed_loads`` drains it)."""
+        return job_id in self._failed_loads
+
+    def fail_stores(self, job_ids) -> None:
+        """Fail these store jobs when they run: their device blocks were computed over a
+        prefix whose load failed (vLLM recomputes them later), so their host copies would
+        be wrong."""
+        self._doomed.update(job_ids)
 
     def take_load_errors(self) -> set[int]:
         out, self._load_errors = self._load_errors, set()

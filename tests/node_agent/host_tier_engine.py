@@ -69,14 +69,15 @@ class Driver:
 
     def __init__(self, ktc: dict[str, Any], *, blocks: int = 40, events: bool = False,
                  policy_env: str | None = "lru", max_num_seqs: int = 4,
-                 model_dir: str | None = None):
+                 model_dir: str | None = None, **engine_kw: Any):
         from anchorage.node_agent import request_context
         from anchorage.node_agent.tiny_engine import tiny_engine
 
         self.clock = Clock()
         request_context.set_clock(self.clock)
         self.batches: list = []
-        kw: dict[str, Any] = {"kv_transfer_config": ktc, "disable_log_stats": False}
+        kw: dict[str, Any] = {"kv_transfer_config": ktc, "disable_log_stats": False,
+                              **engine_kw}
         if events:  # collected by vLLM, published to the recorder below
             kw["kv_events_config"] = {"enable_kv_cache_events": True, "publisher": "null"}
         env = {"ANCHORAGE_POLICY": policy_env} if policy_env else {}
@@ -232,12 +233,11 @@ def stall_reload(sync_load_max_ms: float | None = None, **_: Any) -> dict[str, A
     before = d.counters()
     back = d.one(a2, "a", max_tokens=4)
     after = d.counters()
-    full = len(a2) // BS  # 20 loaded blocks, then 2 computed over them
-    loaded = d.block_digests(back["rid"], full)
+    loaded = d.block_digests(back["rid"], 20)
     d.llm.reset_prefix_cache(reset_connector=True)  # both tiers empty: a recomputation
     fresh = d.one(a2, "a", max_tokens=4)
     again = d.counters()
-    computed = d.block_digests(fresh["rid"], full)
+    computed = d.block_digests(fresh["rid"], 20)
     conn = d.connector
     w = d.copy_worker()
     host = d.host_view()
@@ -247,9 +247,8 @@ def stall_reload(sync_load_max_ms: float | None = None, **_: Any) -> dict[str, A
         "store_bytes": after.get("vllm:kv_offload_store_bytes", 0.0),
         "same_tokens": back["tokens"] == fresh["tokens"], "tokens": back["tokens"],
         "fresh_computed": delta(again, after, "vllm:prompt_tokens_by_source[local_compute]"),
-        "same_kv": None not in loaded and loaded[:20] == computed[:20],
-        "same_kv_after": None not in loaded and loaded[20:] == computed[20:],
-        "full_blocks": full, "distinct_blocks": len(set(computed[:20])),
+        "same_kv": None not in loaded and loaded == computed,
+        "distinct_blocks": len(set(computed)),
         "cached": back["cached"], "host": host, "state_path": conn.anchorage.state_path,
         "first_token_step": back["first_token_step"],
         "fresh_first_token_step": fresh["first_token_step"],
@@ -333,7 +332,10 @@ def _flaky_spec():
         fail = ""
 
         def _copy(self, src, dst, to_host):
-            if (self.fail == "store") == to_host:
+            if self.fail == "load_once" and not to_host:
+                self.fail = ""  # the first load fails, later ones succeed
+                raise RuntimeError("injected transfer failure")
+            if self.fail in ("load", "store") and (self.fail == "store") == to_host:
                 raise RuntimeError("injected transfer failure")
             return super()._copy(src, dst, to_host)
 
@@ -355,14 +357,19 @@ def __getattr__(name: str):
 
 def failure(mode: str, **_: Any) -> dict[str, Any]:
     """``stall_reload`` with every load failing (``load``), every store failing
-    (``store``) or every transfer timing out (``timeout``)."""
+    (``store``), every transfer timing out (``timeout``) or the first load failing
+    (``load_once``: the session then stalls and comes back again, and what host memory
+    serves it is checked against a recomputation)."""
     anch = {"transfer_timeout_s": 1e-9} if mode == "timeout" else {}
     cfg = ktc(8 << 20, anchorage=anch)
     if mode != "timeout":
         cfg["kv_connector_extra_config"].update(
             spec_name="FlakyOffloadingSpec", spec_module_path="tests.node_agent.host_tier_engine",
             test_fail=mode)
-    d = Driver(cfg)
+    # load_once: prefill chunks of 256 tokens, so the recomputation after the failed load
+    # takes several steps, and the stores of the failed step run before it reaches the
+    # blocks they copy
+    d = Driver(cfg, **({"max_num_batched_tokens": 256} if mode == "load_once" else {}))
     a1 = prompt(1, 20)
     d.one(a1, "a", "grep")
     for k in range(4):
@@ -372,15 +379,29 @@ def failure(mode: str, **_: Any) -> dict[str, Any]:
     back = d.one(a2, "a", max_tokens=4)
     after = d.counters()
     got = d.block_digests(back["rid"], 20)
+    later = {}
+    if mode == "load_once":  # a2's later blocks were computed over the failed load
+        for k in range(4):
+            d.one(prompt(20 + k, 20), f"c{k}")
+        a3 = a2 + prompt(3, 1)
+        again = d.one(a3, "a", max_tokens=4)
+        full = len(a2) // BS
+        later["again"] = d.block_digests(again["rid"], full)
+        later["served"] = again["cached"]
     d.llm.reset_prefix_cache(reset_connector=True)
     fresh = d.one(a2, "a", max_tokens=4)
     want = d.block_digests(fresh["rid"], 20)
+    if later:
+        later["want"] = d.block_digests(fresh["rid"], len(a2) // BS)
     t = d.connector.tracker
     return {"same_tokens": back["tokens"] == fresh["tokens"],
             "same_kv": None not in got and got == want,
             "computed": delta(after, before, "vllm:prompt_tokens_by_source[local_compute]"),
             "host_tokens": delta(after, before, "vllm:prompt_tokens_cached_by_source[host]"),
             "sync_loads": t.sync_loads, "first_token_step": back["first_token_step"],
+            "same_kv_later": (None not in later["again"] and later["again"] == later["want"]
+                              if later else None),
+            "worker_load_failures": d.copy_worker().counts["load_failures"],
             "prompt_tokens": len(a2), "fallbacks": dict(t.fallbacks),
             "worker": dict(d.copy_worker().counts)}
 

@@ -31,11 +31,11 @@ def test_a_prefix_evicted_during_a_tool_stall_comes_back_from_host_memory(tmp_pa
     # the bytes loaded are the KV a recomputation produces, block for block
     assert r["same_kv"] and r["distinct_blocks"] == 20 and r["same_tokens"]
     # loaded synchronously (a 640 KiB copy, under the 2 ms default): the request is
-    # prefilled in the step that looks it up, like the recomputation, and the blocks that
-    # step computes over the loaded prefix are a recomputation's (the copy came first)
+    # prefilled in the step that looks it up, like the recomputation (vLLM copies before
+    # that step's forward pass: has_sync_kv_loads; the tiny model's dummy weights make a
+    # block's KV the same whatever its prefix, so the bytes cannot show the order)
     assert r["host"]["transfers"]["sync_loads"] == 1
     assert r["first_token_step"] == r["fresh_first_token_step"] == 1
-    assert r["same_kv_after"] and r["full_blocks"] == 22
     # the router tells a tiered replica from its /metrics from the engine's start
     assert has_host_tier(r["metrics_text_at_start"])
     # host memory is bounded by cpu_bytes_to_use
@@ -56,7 +56,7 @@ def test_sync_load_max_ms_0_loads_between_steps_as_vllm_does(tmp_path):
     assert r["host_tokens"] == r["prefix_tokens"] and r["load_bytes"] > 0
     assert r["host"]["transfers"]["sync_loads"] == 0
     assert r["first_token_step"] == 2 and r["fresh_first_token_step"] == 1
-    assert r["same_kv"] and r["same_kv_after"] and r["same_tokens"]
+    assert r["same_kv"] and r["same_tokens"]
 
 
 def test_under_a_flood_anchorage_keeps_the_session_that_returns_soonest_and_lru_drops_it():
@@ -96,15 +96,17 @@ def test_with_the_plugin_off_the_host_tier_is_stock_byte_for_byte():
     assert ours["outputs"] == stock["outputs"]
 
 
-@pytest.mark.parametrize("mode", ["load", "store", "timeout"])
+@pytest.mark.parametrize("mode", ["load", "store", "timeout", "load_once"])
 def test_a_failed_or_late_transfer_falls_back_to_recomputation(mode):
     slow()
     r = run("failure", mode=mode)
     # the load was planned (a synchronous one: vLLM counts its admission as a host hit)
-    assert r["sync_loads"] == 1 and r["host_tokens"] == r["prompt_tokens"] - r["computed"]
+    assert r["sync_loads"] == (2 if mode == "load_once" else 1)
+    assert r["host_tokens"] == r["prompt_tokens"] - r["computed"]
     # ... failed, and vLLM recomputed the prefix: the step that loaded it gave no token
     # (its output is dropped), the next prefilled it again, with the right KV and tokens
-    assert r["first_token_step"] == 2
+    # (load_once prefills in chunks of 256 tokens: 714 tokens again take three steps)
+    assert r["first_token_step"] == (4 if mode == "load_once" else 2)
     assert r["same_kv"] and r["same_tokens"], "the request completed with correct KV"
     fb = r["fallbacks"]
     assert fb["load_failed"] >= 1
@@ -112,6 +114,16 @@ def test_a_failed_or_late_transfer_falls_back_to_recomputation(mode):
         assert fb["store_failed"] >= 1
     if mode == "timeout":
         assert fb["timeout"] >= 1
+    if mode == "load_once":
+        # the step of the failed load computed the prompt's later blocks over a bad prefix
+        # (vLLM recomputes them in later steps, after this step's stores have copied them):
+        # their host copies are failed, so when the session comes back again its load
+        # meets them and fails too (recomputed) instead of serving them. (The tiny model's
+        # dummy weights make a block's KV the same whatever its prefix, so the bytes alone
+        # could not show the difference.)
+        assert fb["store_failed"] >= 1
+        assert fb["load_failed"] == r["worker_load_failures"] == 2
+        assert r["same_kv_later"]
 
 
 def test_a_bad_connector_configuration_stops_the_engine_naming_the_field():
