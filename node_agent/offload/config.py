@@ -36,11 +36,12 @@ optional; an unknown key is an error naming it):
   than the sum of theirs (the node-wide LRU: ``pool_manager``); 1 keeps each engine within
   its own. The engine's memory then varies up to this many times ``cpu_bytes_to_use``
   (the pages of the chunks it holds), the node's total stays the sum;
-- ``sync_load_max_ms`` (number >= 0, default 2): a host hit whose copy (its bytes over
+- ``sync_load_max_ms`` (number >= 0, default 0: off, ``anchorage.tiering.loads``'s
+  default and why): a host hit whose copy (its bytes over
   ``link_gbs``; with the step's other synchronous copies) takes at most this long is
   loaded in the step that schedules its request, before the forward pass, and the
-  request is prefilled in that step (``anchorage.tiering.loads``); a larger one is
-  loaded between steps, as vLLM loads every hit. 0 loads every hit as vLLM does.
+  request is prefilled in that step; a larger one is loaded between steps, as vLLM
+  loads every hit. 0 loads every hit as vLLM does.
 
 With ``AnchorageOffloadingConnector``, vLLM's ``kv_load_failure_policy`` must be
 ``recompute`` (a failed load is then recomputed and the request completes).

@@ -32,17 +32,17 @@ def test_the_anchorage_host_tier_renders_the_connector_config():
     got = _ktc(c)
     want = transfer_config(256 * GIB, blocks_per_chunk=1,
                            anchorage={"link_gbs": 25, "reload_ahead": True,
-                                      "transfer_timeout_s": 2, "sync_load_max_ms": 2})
+                                      "transfer_timeout_s": 2, "sync_load_max_ms": 0})
     assert got == want
     cfg = OffloadConfig.from_extra_config(got["kv_connector_extra_config"])
     assert cfg.cpu_bytes_to_use == 256 * GIB and cfg.transfer_timeout_s == 2.0
-    assert cfg.sync_load_max_ms == 2.0
+    assert cfg.sync_load_max_ms == 0.0
 
 
-@pytest.mark.parametrize("ms", [0, 0.5])
+@pytest.mark.parametrize("ms", [2, 0.5])
 def test_sync_load_max_ms_reaches_the_connector(ms):
-    """hostTier.syncLoadMaxMs is the connector's sync_load_max_ms (0: vLLM's asynchronous
-    loads; tests/node_agent/test_host_tier_engine.py runs both in the engine)."""
+    """hostTier.syncLoadMaxMs is the connector's sync_load_max_ms (default 0: vLLM's
+    asynchronous loads; tests/node_agent/test_host_tier_engine.py runs both in the engine)."""
     c = _vllm({"models": [model("m", hostTier={"enabled": True, "memoryGiB": 8,
                                                 "syncLoadMaxMs": ms})]})
     cfg = OffloadConfig.from_extra_config(_ktc(c)["kv_connector_extra_config"])

@@ -358,9 +358,11 @@ def __getattr__(name: str):
 def failure(mode: str, **_: Any) -> dict[str, Any]:
     """``stall_reload`` with every load failing (``load``), every store failing
     (``store``), every transfer timing out (``timeout``) or the first load failing
-    (``load_once``: the session then stalls and comes back again, and what host memory
-    serves it is checked against a recomputation)."""
+    (``load_once``, with synchronous loads: the session then stalls and comes back again,
+    and what host memory serves it is checked against a recomputation)."""
     anch = {"transfer_timeout_s": 1e-9} if mode == "timeout" else {}
+    if mode == "load_once":
+        anch["sync_load_max_ms"] = 2
     cfg = ktc(8 << 20, anchorage=anch)
     if mode != "timeout":
         cfg["kv_connector_extra_config"].update(

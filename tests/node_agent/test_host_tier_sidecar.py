@@ -99,7 +99,7 @@ def test_the_transfer_config_is_what_vllm_reads():
     assert ec["spec_name"] == "AnchorageOffloadingSpec"
     assert OffloadConfig.from_extra_config(ec) == OffloadConfig(
         reload_ahead=False, cpu_bytes_to_use=1 << 30)
-    assert OffloadConfig().sync_load_max_ms == 2.0  # anchorage.tiering.loads' default
+    assert OffloadConfig().sync_load_max_ms == 0.0  # anchorage.tiering.loads' default: off
     for v in (0, 0.5, 10):
         ec = transfer_config(1 << 30, anchorage={"sync_load_max_ms": v})[
             "kv_connector_extra_config"]
