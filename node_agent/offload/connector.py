@@ -30,8 +30,9 @@ Scheduler side (``anchorage.node_agent.offload.tracker.HostTierTracker``):
 
 Synchronous loads (``anchorage.tiering.loads``; ``sync_load_max_ms``, Anchorage on):
 ``get_num_new_matched_tokens`` turns vLLM's asynchronous host hit into a synchronous one
-when it leaves at least one token to compute and ``sync_load`` accepts its copy (the hit's blocks times the KV bytes per block, over
-``link_gbs``; the step's earlier synchronous copies counted): vLLM then schedules the
+when it leaves at least one token to compute and ``sync_load`` accepts its copy (the
+hit's blocks times the KV bytes per block, over ``link_gbs``; the step's earlier
+synchronous copies counted): vLLM then schedules the
 request in this step and tells the worker to load before the forward pass
 (``SchedulerOutput.has_sync_kv_loads``). ``build_connector_meta`` sends the step's
 synchronous load jobs to the worker (``AnchorageConnectorMetadata.sync_loads``; without
