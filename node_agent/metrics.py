@@ -178,6 +178,11 @@ def host_tier_families(m: str, h: dict[str, Any] | None):
                             labels=["model_name", "policy"])
     c.add_metric([m, h["policy"]], float(h["stores"]))
     yield c
+    c = CounterMetricFamily("anchorage_host_tier_sync_loads", "Loads from host memory "
+                            "copied in the step that schedules their request "
+                            "(sync_load_max_ms).", labels=["model_name", "policy"])
+    c.add_metric([m, h["policy"]], float(h.get("sync_loads", 0)))
+    yield c
     g = GaugeMetricFamily("anchorage_host_tier_used_chunks", "Host-memory chunks holding KV.",
                           labels=["model_name", "policy"])
     g.add_metric([m, h["policy"]], float(h["used_chunks"]))

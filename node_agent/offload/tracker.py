@@ -209,6 +209,7 @@ def parse_host_tier(doc: Any, where: str = "host tier snapshot") -> dict[str, An
             "capacity_chunks": int(doc["capacity_chunks"]),
             "capacity_bytes": int(doc["capacity_bytes"]),
             "used_chunks": int(doc["used_chunks"]), "stores": int(doc.get("stores", 0)),
+            "sync_loads": int((doc.get("transfers") or {}).get("sync_loads", 0)),
             "gate": {str(k): int(v) for k, v in (doc.get("gate") or {}).items()},
             "pending_reloads": list(doc.get("pending_reloads") or []),
         }

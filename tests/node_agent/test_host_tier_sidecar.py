@@ -61,6 +61,7 @@ def test_the_tracker_counts_hits_outcomes_and_plans_stalls():
     v = parse_host_tier(json.loads(json.dumps(t.view(now + 4, 5000.0))))
     assert v["hits"] == {"tokens": 128, "blocks": 4} and v["used_chunks"] == 17
     assert v["bytes"] == {"d2h": 4096, "h2d": 8192} and v["fallbacks"]["load_failed"] == 1
+    assert v["sync_loads"] == 0
 
 
 def test_the_snapshot_reader_rejects_a_bad_document():
@@ -119,6 +120,7 @@ def test_the_sidecar_exports_the_host_tier_and_sends_its_reloads(env):  # noqa: 
     st = t.ctl.stalls["s9"]
     st.reload_at = 10.5 + 0.6  # due 0.6 s from now
     t.transferred(1 << 20, 3 << 20, 4, 3)
+    t.sync_loads = 2  # the connector counts them (tests/node_agent/test_host_tier_engine.py)
     path = str(tmp / "host_tier.json")
     assert t.maybe_write(path, 0.0, 10.5, force=True)
 
@@ -134,6 +136,7 @@ def test_the_sidecar_exports_the_host_tier_and_sends_its_reloads(env):  # noqa: 
             assert metric(text, "anchorage_host_tier_loads_total", outcome="late") == 1
             assert metric(text, "anchorage_host_tier_bytes_total", direction="h2d") == 3 << 20
             assert metric(text, "anchorage_host_tier_used_chunks") == 17
+            assert metric(text, "anchorage_host_tier_sync_loads_total") == 2
             assert metric(text, "anchorage_host_tier_capacity_bytes") == 64 * 4096
             assert metric(text, "anchorage_host_tier_stalls_total", decision="ok") == 1
             assert metric(text, "anchorage_host_tier_fallbacks_total", reason="timeout") == 0

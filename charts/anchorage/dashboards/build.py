@@ -255,10 +255,11 @@ def policy() -> gd.Dashboard:
     d = d.with_panel(timeseries(
         "Host reloads, stores and fallbacks", "Reloads from host memory by outcome "
         "(in_time: a just-in-time warm-up was first; late: the request waited for its "
-        "load), store transfers, tool stalls by gate decision and failed transfers that were "
-        "recomputed, per second.",
+        "load), loads copied in their request's step (sync), store transfers, tool stalls by "
+        "gate decision and failed transfers that were recomputed, per second.",
         [Q(f"sum by (outcome) (rate(anchorage_host_tier_loads_total{{{M}}}[{RI}]))",
            "load {{outcome}}"),
+         Q(f"sum(rate(anchorage_host_tier_sync_loads_total{{{M}}}[{RI}]))", "sync loads"),
          Q(f"sum(rate(anchorage_host_tier_stores_total{{{M}}}[{RI}]))", "stores"),
          Q(f"sum by (decision) (rate(anchorage_host_tier_stalls_total{{{M}}}[{RI}]))",
            "stall {{decision}}"),
