@@ -76,7 +76,7 @@ def _first_plan(copy_s: float, max_s: float, n: int = 1):
         reqs.append(SimRequest(ctx, 0.0, index=i))
         rep.enqueue(reqs[-1])
     plan = rep.plan_step(0.0)
-    bare = rep.cost(prof, [(n, r.num_computed) for r, n, _ in plan.items], [])
+    bare = rep.cost(prof, [(tokens, r.num_computed) for r, tokens, _ in plan.items], [])
     return rep, reqs, plan, bare
 
 
