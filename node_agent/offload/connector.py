@@ -182,12 +182,11 @@ class AnchorageOffloadingConnector(OffloadingConnector):
         self._no_host: set[str] = set()       # requests whose load failed: recomputed
         on = anchorage_enabled(self.anchorage)
         # synchronous loads: scheduler side, this step's requests and copy time; worker
-        # side, requests loaded synchronously whose completion vLLM must not see
+        # side, the synchronous load jobs (-> request) whose completion vLLM must not see
         self._sync_max_s = self.anchorage.sync_load_max_ms / 1e3 if on else 0.0
         self._sync_reqs: set[str] = set()
         self._step_sync_s = 0.0
-        self._sync_done: set[str] = set()
-        self._sync_jobs: set[int] = set()
+        self._sync_jobs: dict[int, str] = {}
         if role == KVConnectorRole.SCHEDULER and on:
             self._start_tracker(kv_cache_config)
 
@@ -414,8 +413,7 @@ class AnchorageOffloadingConnector(OffloadingConnector):
         jobs = getattr(meta, "sync_loads", None)
         if jobs:  # the forward pass reads them: wait for the copies
             self.connector_worker.worker.wait(set(jobs))
-            self._sync_done.update(meta.load_jobs[j].req_id for j in jobs)
-            self._sync_jobs.update(jobs)
+            self._sync_jobs.update((j, meta.load_jobs[j].req_id) for j in jobs)
             w = self._copy_worker()
             bad = set() if w is None else {
                 meta.load_jobs[j].req_id for j in jobs if w.load_failed(j)}
@@ -424,10 +422,8 @@ class AnchorageOffloadingConnector(OffloadingConnector):
 
     def get_finished(self, finished_req_ids: set[str]):
         sending, recving = super().get_finished(finished_req_ids)
-        if self._sync_done and recving:
-            done = self._sync_done.intersection(recving)
-            self._sync_done -= done
-            recving = set(recving) - done
+        if self._sync_jobs and recving:  # (their jobs leave in build_connector_worker_meta)
+            recving = set(recving).difference(self._sync_jobs.values())
         return sending, recving
 
     def get_block_ids_with_load_errors(self) -> set[int]:
@@ -437,10 +433,9 @@ class AnchorageOffloadingConnector(OffloadingConnector):
     def build_connector_worker_meta(self):
         meta = super().build_connector_worker_meta()
         if meta is not None and self._sync_jobs:  # completed by the scheduler side
-            done = self._sync_jobs.intersection(meta.completed_jobs)
-            for j in done:
+            for j in self._sync_jobs.keys() & meta.completed_jobs.keys():
                 del meta.completed_jobs[j]
-            self._sync_jobs -= done
+                del self._sync_jobs[j]
         w = self._copy_worker()
         if w is None:
             return meta
