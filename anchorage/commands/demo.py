@@ -33,8 +33,11 @@ def register(sub) -> None:
     add_stack_args(p, with_policy=False)
     add_workload_args(p)
     p.add_argument("--configs", default="stock=off/round_robin,anchorage=hybrid/agent",
-                   help="NAME=ENGINE_POLICY/ROUTER,... run in this order; ROUTER smg[:POLICY] "
-                        "is the SGLang gateway (with --tiny-model chat --prompt-format chat) "
+                   help="NAME=ENGINE_POLICY/ROUTER[@KV_BLOCKS],... run in this order; ROUTER "
+                        "smg[:POLICY] is the SGLang gateway (with --tiny-model chat "
+                        "--prompt-format chat); @KV_BLOCKS gives that configuration's engines "
+                        "their own pool (prompts stay cut to --kv-blocks' length: a larger pool "
+                        "is a cache limit on the same workload) "
                         "(default: stock=off/round_robin,anchorage=hybrid/agent)")
     p.add_argument("--out", default="out/demo", help="report directory (default: out/demo)")
     from anchorage.cli import add_json_args
@@ -45,16 +48,29 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def parse_configs(text: str) -> dict[str, tuple[str, str]]:
+def parse_configs(text: str) -> dict[str, tuple[str, str, int | None]]:
+    """``NAME=POLICY/ROUTER[@KV_BLOCKS],...`` -> name -> (policy, router, KV blocks or None:
+    the demo's ``--kv-blocks``)."""
     from anchorage.cli import CLIError
 
-    out: dict[str, tuple[str, str]] = {}
+    out: dict[str, tuple[str, str, int | None]] = {}
     for item in filter(None, (x.strip() for x in text.split(","))):
         name, sep, rest = item.partition("=")
+        rest, at, blocks = rest.partition("@")
         policy, sep2, router = rest.partition("/")
-        if not (sep and sep2 and name and policy and router):
-            raise CLIError(f"--configs item {item!r} is not NAME=ENGINE_POLICY/ROUTER")
-        out[name] = (policy, router)
+        if not (sep and sep2 and name and policy and router) or (at and not blocks):
+            raise CLIError(f"--configs item {item!r} is not NAME=ENGINE_POLICY/ROUTER[@KV_BLOCKS]")
+        kv = None
+        if at:
+            try:
+                kv = int(blocks)
+            except ValueError:
+                kv = 0
+            if kv < 2:
+                raise CLIError(f"--configs item {item!r}: KV_BLOCKS must be an integer >= 2")
+        if name in out:
+            raise CLIError(f"--configs names {name!r} twice")
+        out[name] = (policy, router, kv)
     if not out:
         raise CLIError("--configs is empty")
     return out
@@ -87,6 +103,7 @@ def run(args) -> int:
     from anchorage.drive import report
     from anchorage.drive.run import drive
     from anchorage.stack.stack import Stack
+    from anchorage.stack.supervisor import cpu_used
     from anchorage.stack import gateway
     from anchorage.stack.tiny_model import has_tokenizer, vocab_size
 
@@ -97,8 +114,11 @@ def run(args) -> int:
         print(*parts, file=stream, flush=True)
 
     configs = parse_configs(args.configs)
-    for policy, router in configs.values():     # validate every config before starting anything
-        stack_config(args, policy=policy, router=router)
+    for policy, router, kv in configs.values():  # validate every config before starting anything
+        stack_config(args, policy=policy, router=router, kv_blocks=kv)
+        if kv and args.model is not None:
+            raise CLIError("@KV_BLOCKS sizes the tiny engines' pool; with --model the engines "
+                           "size theirs from memory")
         if args.prompt_format != "ids" and args.model is None and args.tiny_model != "chat":
             raise CLIError(f"--prompt-format {args.prompt_format} needs engines with a "
                            "tokenizer: add --tiny-model chat (or --model DIR)")
@@ -115,12 +135,15 @@ def run(args) -> int:
                                else ["demo", *sys.argv[2:]])
     wl = load_workload(args, args.block_size)
     say(f"workload: {wl.description}")
-    summaries, runs, timings = {}, {}, {}
+    summaries, runs, timings, cpu = {}, {}, {}, {}
+    # every configuration gets the same prompts: cut to fit the smallest engine's length
+    kv_min = min(kv or args.kv_blocks for _, _, kv in configs.values())
     t_all = time.monotonic()
     with Stopper():
-        for k, (name, (policy, router)) in enumerate(configs.items(), 1):
-            say(f"\n[{k}/{len(configs)}] {name}: engine policy {policy}, routing {router}")
-            stack = Stack(stack_config(args, policy=policy, router=router))
+        for k, (name, (policy, router, kv)) in enumerate(configs.items(), 1):
+            say(f"\n[{k}/{len(configs)}] {name}: engine policy {policy}, routing {router}"
+                + (f", {kv} KV blocks per engine" if kv else ""))
+            stack = Stack(stack_config(args, policy=policy, router=router, kv_blocks=kv))
             t0 = time.monotonic()
             try:
                 ep = start_stack(stack, say)
@@ -129,12 +152,15 @@ def run(args) -> int:
                              else None)
                 opts = plan_options(args, wl, vocab_size(ep.model), tokenizer=tokenizer)
                 if args.model is None:  # the tiny engines' max model length bounds prompts
-                    cap = (args.kv_blocks // 2) * args.block_size - opts.max_output_tokens
+                    cap = (kv_min // 2) * args.block_size - opts.max_output_tokens
                     opts = replace(opts, max_prompt_tokens=min(opts.max_prompt_tokens, cap))
+                cpu0 = stack.sup.cpu()
                 summaries[name], runs[name] = drive(ep.router, wl, opts, ep.engines,
                                                     args.concurrency, name, args.timeout,
                                                     node_agent_urls=ep.sidecars, say=say,
                                                     max_sessions=args.max_sessions)
+                cpu[name] = cpu_used(cpu0, stack.sup.cpu())
+                summaries[name].update(report.cpu_summary(cpu[name], summaries[name]))
                 problem = stack.check()
                 if problem:
                     raise CommandFailed(problem)
@@ -151,10 +177,12 @@ def run(args) -> int:
              f"{args.time_compression:g}x, at most {args.max_sessions} sessions at once, {args.engines} engines x {args.kv_blocks} KV blocks of "
              f"{args.block_size} tokens.",
              "Configurations: " + "; ".join(f"**{n}** = engine policy `{p}`, routing `{r}`"
-                                             for n, (p, r) in configs.items()) + "."]
-    extra = {"workload": wl.description, "configs": {n: {"policy": p, "router": r}
-                                                     for n, (p, r) in configs.items()},
-             "timings": timings, "engines": args.engines, "kv_blocks": args.kv_blocks,
+                                             + (f", {kv} KV blocks per engine" if kv else "")
+                                             for n, (p, r, kv) in configs.items()) + "."]
+    extra = {"workload": wl.description,
+             "configs": {n: {"policy": p, "router": r, "kv_blocks": kv or args.kv_blocks}
+                         for n, (p, r, kv) in configs.items()},
+             "timings": timings, "cpu_s": cpu, "engines": args.engines, "kv_blocks": args.kv_blocks,
              "block_size": args.block_size, "concurrency": args.concurrency,
              "time_compression": args.time_compression, "max_sessions": args.max_sessions, "wall_s": time.monotonic() - t_all}
     paths = report.write(Path(args.out), summaries, runs, "Anchorage demo: stock vs Anchorage",

@@ -81,7 +81,8 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def stack_config(args, policy: str | None = None, router: str | None = None):
+def stack_config(args, policy: str | None = None, router: str | None = None,
+                 kv_blocks: int | None = None):
     from anchorage.cli import CLIError
     from anchorage.stack.stack import StackConfig
 
@@ -93,7 +94,7 @@ def stack_config(args, policy: str | None = None, router: str | None = None):
                       router=router or args.router, router_params=params, model=args.model,
                       tiny_model=getattr(args, "tiny_model", "ids"),
                       prometheus=args.prometheus, base_port=args.base_port,
-                      workdir=args.workdir, kv_blocks=args.kv_blocks, block_size=args.block_size,
+                      workdir=args.workdir, kv_blocks=kv_blocks or args.kv_blocks, block_size=args.block_size,
                       warmup=not args.no_warmup, cpu=not args.gpu,
                       scheduler="" if args.scheduler == "fcfs" else args.scheduler,
                       host_tier_mb=args.host_tier_mb,

@@ -25,6 +25,7 @@ FIELDS = [  # (key, label, format)
     ("recomputed_prefill_tokens", "recomputed prefill tokens", "{:,d}"),
     ("ttft_p50_s", "TTFT p50 (ms)", "ms"), ("ttft_p90_s", "TTFT p90 (ms)", "ms"),
     ("turns_per_s", "turns/s", "{:.2f}"), ("wall_s", "wall (s)", "{:.1f}"),
+    ("cpu_s", "CPU of the stack (s)", "{:.1f}"), ("cpu_ms_per_turn", "CPU per turn (ms)", "{:.0f}"),
     ("node_agents.policy_errors", "policy errors (node agents)", "{:,.0f}"),
     ("node_agents.warmups_issued", "warm-ups issued", "{:,.0f}"),
     ("node_agents.warmups_used", "warm-ups used", "{:,.0f}"),
@@ -67,6 +68,17 @@ def summarize(results: list[Result], wall_s: float, engines: dict[str, float] | 
         "turns_per_s": len(ok) / wall_s if wall_s > 0 else 0.0, "wall_s": wall_s,
         "engine_counters": engines,
     }
+
+
+def cpu_summary(cpu: dict[str, dict[str, float]], summary: dict[str, Any]) -> dict[str, Any]:
+    """The stack's CPU over a run (``supervisor.cpu_used``: per child, per process name):
+    its total, per successful turn, and the router's share (the engines' API servers,
+    engine cores and workers are the rest, with the node agents)."""
+    total = sum(sum(per.values()) for per in cpu.values())
+    ok = summary.get("ok") or 0
+    return {"cpu_s": round(total, 2),
+            "cpu_ms_per_turn": total * 1000 / ok if ok else None,
+            "cpu_router_s": round(sum(cpu.get("router", {}).values()), 2)}
 
 
 def format_value(value: Any, fmt: str) -> str:

@@ -66,9 +66,13 @@ class EngineSpec:
         return self.workdir / "state"
 
     def model_len(self) -> int:
+        """``max_model_len``, else half the pool, at most the tiny model's positions."""
         if self.max_model_len:
             return self.max_model_len
-        return max(self.block_size, (self.kv_blocks // 2) * self.block_size)
+        from anchorage.stack.tiny_model import TINY_LLAMA
+
+        return min(max(self.block_size, (self.kv_blocks // 2) * self.block_size),
+                   TINY_LLAMA["max_position_embeddings"])
 
 
 def engine_command(spec: EngineSpec, base_env: dict[str, str]) -> tuple[list[str], dict[str, str]]:

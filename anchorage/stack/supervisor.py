@@ -61,6 +61,39 @@ def proc_table() -> dict[int, tuple[int, int, int]]:
     return out
 
 
+_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_times(pids) -> dict[tuple[int, int], tuple[str, float]]:
+    """CPU seconds (user + system, every thread) of each live process of ``pids``:
+    (pid, start time in ticks) -> (its name, seconds). Processes that exit are skipped."""
+    out = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                raw = fh.read().decode(errors="replace")
+            head, rest = raw.rsplit(")", 1)
+            f = rest.split()
+            out[(pid, int(f[19]))] = (head.split("(", 1)[1], (int(f[11]) + int(f[12])) * _TICK_S)
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+def cpu_used(before: dict, after: dict) -> dict[str, dict[str, float]]:
+    """CPU seconds each child's processes used between two ``Supervisor.cpu`` readings,
+    per child and process name (a process started in between counts from zero; one that
+    exited in between is missing from ``after`` and not counted)."""
+    out: dict[str, dict[str, float]] = {}
+    for child, procs in after.items():
+        was = before.get(child, {})
+        per = out.setdefault(child, {})
+        for key, (name, s) in procs.items():
+            used = s - was.get(key, (name, 0.0))[1]
+            per[name] = round(per.get(name, 0.0) + used, 2)
+    return out
+
+
 def descendants(pid: int, table: dict[int, tuple[int, int, int]] | None = None) -> list[int]:
     """Every live descendant of ``pid`` (from /proc), children first."""
     table = proc_table() if table is None else table
@@ -239,6 +272,16 @@ class Supervisor:
         if child.proc.poll() is None:
             pids.add(child.proc.pid)
         return sorted(pids)
+
+    def cpu(self) -> dict[str, dict[tuple[int, int], tuple[str, float]]]:
+        """Per child: ``cpu_times`` of its live processes (itself and its descendants)."""
+        with self._lock:
+            table = proc_table()
+            out = {}
+            for c in self.children:
+                self.remember(c, table)
+                out[c.name] = cpu_times(self.tree(c, table))
+            return out
 
     def _signal_tree(self, child: Child, sig: int, table: dict | None = None) -> list[int]:
         pids = self.tree(child, table)

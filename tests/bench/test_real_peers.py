@@ -32,3 +32,26 @@ def test_verdict_needs_both_figures_in_every_repeat():
                                                                 "ttft_p90_s": 0.1}}}])
     assert not gone["all"] and gone["per_repeat"][0]["hit_rate_vs_smg"] is None
     assert not b.verdict([])["all"]
+
+
+def test_the_bound_stacks_are_judged_against_smg_like_anchorage():
+    """--bound: `limit` (a pool nothing evicts) and `smg_again` (an A/A control) each get
+    their own count of repeats better than smg, on both figures and on TTFT p90 alone;
+    the anchorage verdict is unchanged by them."""
+    assert [b.order(i, list(b.ALL_CONFIGS)) for i in range(5)][1][0] == "smg"
+    assert b.ALL_CONFIGS["limit"].endswith(f"@{b.LIMIT_BLOCKS}")
+    runs = []
+    for i, (lim_p90, again_p90) in enumerate(((0.1, 0.4), (0.2, 0.2), (0.5, 0.25))):
+        r = _run(i, 0.6, 0.2, 0.5, 0.3)
+        r["summaries"]["limit"] = {"hit_rate_engines": 0.62, "ttft_p90_s": lim_p90}
+        r["summaries"]["smg_again"] = {"hit_rate_engines": 0.5 + 0.01 * i, "ttft_p90_s": again_p90}
+        runs.append(r)
+    v = b.verdict(runs)
+    assert v["repeats_won"] == 3 and v["all"]
+    assert v["bounds"]["limit"]["repeats_won"] == 2
+    assert v["bounds"]["limit"]["ttft_p90_repeats_won"] == 2
+    # smg_again: hit rate 0.50 (not better), 0.51, 0.52; p90 0.4 (worse), 0.2, 0.25
+    assert v["bounds"]["smg_again"]["repeats_won"] == 2
+    assert v["bounds"]["smg_again"]["ttft_p90_repeats_won"] == 2
+    assert "bounds" not in b.verdict([_run(0, 0.6, 0.2, 0.5, 0.3)])
+    assert "| 1 | limit |" in b.table(runs)

@@ -84,6 +84,7 @@ def test_real_smg_routes_chat_requests_to_real_engines(tmp_path):
     from anchorage.drive import workload as wl
     from anchorage.drive.plan import PlanOptions
     from anchorage.drive.run import drive
+    from anchorage.stack.supervisor import cpu_used
 
     stack = Stack(StackConfig(engines=2, policy="off", router="smg", tiny_model="chat",
                               prometheus="off", workdir=str(tmp_path / "stack"), kv_blocks=256,
@@ -101,8 +102,15 @@ def test_real_smg_routes_chat_requests_to_real_engines(tmp_path):
         opts = PlanOptions(block_size=32, vocab=1024, max_prompt_tokens=2000,
                            max_output_tokens=4, time_compression=200.0, model="tiny",
                            prompt_format="chat", tokenizer=ep.model)
+        cpu0 = stack.sup.cpu()
         summary, _ = drive(ep.router, work, opts, ep.engines, 4, "smg", 120.0, max_sessions=4)
+        used = cpu_used(cpu0, stack.sup.cpu())
         assert summary["failed"] == 0, summary["errors"]
+        # the demo's CPU accounting sees the engines' own processes (vLLM names them) and
+        # the gateway's, each of which did work during the run
+        for e in ("engine-0", "engine-1"):
+            assert used[e].get("VLLM::Worker", 0) > 0 and used[e].get("VLLM::EngineCor", 0) > 0, used
+        assert sum(used["router"].values()) > 0, used
         assert summary["requests"] == len(work.records) > 10
         assert summary["hit_rate_engines"] and summary["hit_rate_engines"] > 0.2, summary
         assert stack.check() is None

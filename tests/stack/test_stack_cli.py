@@ -152,3 +152,29 @@ def test_demo_rejects_bad_configs():
     assert "NAME=ENGINE_POLICY/ROUTER" in error_line(p)
     p = cli("demo", "--configs", "x=nope/agent", "--isolate", "off")
     assert p.returncode == 2 and "unknown engine policy" in error_line(p)
+    for bad, why in (("a=hybrid/agent@", "NAME=ENGINE_POLICY/ROUTER[@KV_BLOCKS]"),
+                     ("a=hybrid/agent@lots", "KV_BLOCKS must be an integer >= 2"),
+                     ("a=hybrid/agent,a=off/round_robin", "names 'a' twice")):
+        p = cli("demo", "--configs", bad, "--isolate", "off")
+        assert p.returncode == 2 and why in error_line(p), (bad, error_line(p))
+    p = cli("demo", "--configs", "a=hybrid/agent@4096", "--model", str(REPO), "--isolate", "off")
+    assert p.returncode == 2 and "with --model" in error_line(p)
+
+
+def test_demo_configs_give_one_configuration_its_own_pool():
+    """``@KV_BLOCKS`` sizes that configuration's engines (a cache limit on the same
+    workload); the others keep --kv-blocks."""
+    import argparse
+
+    from anchorage.commands.demo import parse_configs
+    from anchorage.commands.up import add_stack_args, stack_config
+
+    c = parse_configs("anchorage=hybrid/agent,limit=hybrid/agent@4096,smg=off/smg:cache_aware")
+    assert c == {"anchorage": ("hybrid", "agent", None), "limit": ("hybrid", "agent", 4096),
+                 "smg": ("off", "smg:cache_aware", None)}
+    ap = argparse.ArgumentParser()
+    add_stack_args(ap, with_policy=False)
+    args = ap.parse_args(["--kv-blocks", "512"])
+    args.router_params = "{}"
+    assert stack_config(args, "hybrid", "agent", kv_blocks=c["limit"][2]).kv_blocks == 4096
+    assert stack_config(args, "hybrid", "agent", kv_blocks=c["anchorage"][2]).kv_blocks == 512

@@ -266,3 +266,53 @@ def test_a_hung_restart_is_restarted_after_a_multiple_of_the_first_start(tmp_pat
         assert http_ok(f"http://127.0.0.1:{port}/health")
     finally:
         sup.stop_all(grace_s=2, straggler_s=1)
+
+
+BURN = textwrap.dedent("""
+    import subprocess, sys, time
+    burner = subprocess.Popen([sys.executable, "-c",
+        "import time\\nt = time.process_time()\\nwhile time.process_time() - t < 0.6: pass\\n"
+        "time.sleep(600)"])
+    open(sys.argv[1], "w").write(str(burner.pid))
+    time.sleep(600)
+""")
+
+
+def test_cpu_counts_a_childs_descendants_between_two_readings(tmp_path):
+    """The demo's CPU accounting: what a child's process tree used between two readings,
+    a grandchild's busy loop included, per process name; pure arithmetic for processes that
+    start or end in between."""
+    from anchorage.drive.report import cpu_summary
+    from anchorage.stack.supervisor import cpu_used
+
+    sup = Supervisor(tmp_path / "logs", reap_s=1.0)
+    script, pid_file = tmp_path / "burn.py", tmp_path / "burner.pid"
+    script.write_text(BURN)
+    before = sup.cpu()          # nothing started yet
+    c = sup.start("engine-0", [sys.executable, str(script), str(pid_file)], role=ENGINE)
+    try:
+        deadline = time.monotonic() + 30
+        while not pid_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        burner = int(pid_file.read_text())
+        time.sleep(1.5)         # the burner's 0.6 s of CPU (longer on a busy machine: waits)
+        mid = sup.cpu()
+        assert burner in {pid for pid, _ in mid["engine-0"]}
+        used = cpu_used(before, mid)["engine-0"]
+        assert sum(used.values()) >= 0.5, used
+        # nothing burns after that: a later reading adds (almost) nothing
+        time.sleep(0.3)
+        again = cpu_used(mid, sup.cpu())["engine-0"]
+        assert sum(again.values()) < 0.2, again
+    finally:
+        sup.stop_all(grace_s=2, straggler_s=1)
+    assert not alive(c.proc.pid)
+    # the arithmetic: a process that started in between counts whole, one that ended is
+    # missing from the later reading; per process name, summed over processes
+    b = {"engine-0": {(1, 10): ("python3", 2.0), (2, 11): ("VLLM::Worker", 5.0)}}
+    a = {"engine-0": {(1, 10): ("python3", 2.5), (3, 12): ("VLLM::Worker", 1.0),
+                      (4, 13): ("VLLM::Worker", 0.25)}, "router": {(5, 14): ("python3", 0.5)}}
+    assert cpu_used(b, a) == {"engine-0": {"python3": 0.5, "VLLM::Worker": 1.25},
+                              "router": {"python3": 0.5}}
+    s = cpu_summary(cpu_used(b, a), {"ok": 4})
+    assert s == {"cpu_s": 2.25, "cpu_ms_per_turn": 562.5, "cpu_router_s": 0.5}
