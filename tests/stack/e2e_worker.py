@@ -35,6 +35,14 @@ def prometheus_targets_up(url: str) -> int:
     return sum(1 for s in data["data"]["result"] if s["value"][1] == "1")
 
 
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
 def one(name: str, policy: str, router: str, flags, work: Path, wl, sessions_opts) -> dict:
     from anchorage.drive.plan import PlanOptions
     from anchorage.drive.run import drive
@@ -42,10 +50,12 @@ def one(name: str, policy: str, router: str, flags, work: Path, wl, sessions_opt
 
     ready = work / f"{name}-ready.json"
     log = open(work / f"{name}-up.log", "w")
+    # a user's shell: not the test command's VLLM_ENABLE_V1_MULTIPROCESSING=0
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
     up = subprocess.Popen([sys.executable, "-m", "anchorage.cli", "up", "--policy", policy,
                            "--router", router, "--ready-file", str(ready),
                            "--workdir", str(work / name), *flags],
-                          stdout=log, stderr=subprocess.STDOUT)
+                          stdout=log, stderr=subprocess.STDOUT, env=env)
     out: dict = {"name": name}
     try:
         deadline = time.time() + 420
@@ -57,6 +67,7 @@ def one(name: str, policy: str, router: str, flags, work: Path, wl, sessions_opt
         ep = json.loads(ready.read_text())
         tree = descendants(up.pid)
         out["processes"] = len(tree)
+        out["process_names"] = sorted({_comm(p) for p in tree} - {""})
         summary, _ = drive(ep["router"], wl, PlanOptions(**sessions_opts), ep["engines"],
                            concurrency=6, label=name, max_sessions=8)
         out["summary"] = summary

@@ -134,6 +134,11 @@ def test_port_layout_and_engine_commands(tmp_path):
     assert binds == {"nobind"}
     assert engine_command(spec, {"VLLM_CPU_OMP_THREADS_BIND": "1"})[1][
         "VLLM_CPU_OMP_THREADS_BIND"] == "1"                # the user's setting wins
+    # the model runs in the engine core (no worker process spinning beside it), unless the
+    # user asks for vLLM's multiprocess executor
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert engine_command(spec, {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"})[1][
+        "VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
     sargv, senv = sidecar_command(spec, {})
     assert sargv[sargv.index("--listen") + 1] == "127.0.0.1:20040"
     cfg = json.loads(config_text({"vllm": ["127.0.0.1:1"], "empty": []}))

@@ -45,6 +45,17 @@ def test_every_request_succeeds(e2e):
         assert s["prompt_tokens"] > 0
 
 
+def test_cpu_engines_run_the_model_in_the_engine_core(e2e):
+    """`anchorage up` on the CPU build, from a shell without VLLM_ENABLE_V1_MULTIPROCESSING:
+    every engine is an API server and an engine core that runs the model (vLLM's one-process
+    executor), no worker process spinning beside it (anchorage.stack.engines)."""
+    for name, run in e2e.items():
+        if name.startswith("_"):
+            continue
+        assert "VLLM::EngineCor" in run["process_names"], run["process_names"]
+        assert "VLLM::Worker" not in run["process_names"], (name, run["process_names"])
+
+
 def test_anchorage_hit_rate_beats_stock(e2e):
     stock, anch = e2e["stock"]["summary"], e2e["anchorage"]["summary"]
     # measured +0.08 and +0.10 on this 2-core machine; no margin: timing moves it by ~0.02
