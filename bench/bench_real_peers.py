@@ -20,6 +20,8 @@ tokens, TTFT p50/p90, turns/s. The verdict compares anchorage with smg in *each*
 Usage (root with unshare: each demo runs in a private network namespace)::
 
     .venv/bin/python -m bench.bench_real_peers [--repeats 3] [--out bench/results/real_peers.json]
+        [--bound: each repeat also runs `limit`, Anchorage's stack with a pool nothing evicts,
+         and `smg_again`, smg a second time (an A/A control)]
         [demo flags, e.g. --sessions 40 --concurrency 8; --scheduler prefix-aware and
          --host-tier-mb N change Anchorage's engines only; --router-hosting process runs
          Anchorage's router (and round robin's) in one process without Ray]

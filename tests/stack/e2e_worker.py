@@ -35,18 +35,11 @@ def prometheus_targets_up(url: str) -> int:
     return sum(1 for s in data["data"]["result"] if s["value"][1] == "1")
 
 
-def _comm(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm") as fh:
-            return fh.read().strip()
-    except OSError:
-        return ""
-
-
 def one(name: str, policy: str, router: str, flags, work: Path, wl, sessions_opts) -> dict:
     from anchorage.drive.plan import PlanOptions
     from anchorage.drive.run import drive
     from anchorage.stack.supervisor import alive, descendants
+    from tests.support.procs import comm
 
     ready = work / f"{name}-ready.json"
     log = open(work / f"{name}-up.log", "w")
@@ -67,7 +60,7 @@ def one(name: str, policy: str, router: str, flags, work: Path, wl, sessions_opt
         ep = json.loads(ready.read_text())
         tree = descendants(up.pid)
         out["processes"] = len(tree)
-        out["process_names"] = sorted({_comm(p) for p in tree} - {""})
+        out["process_names"] = sorted({comm(p) for p in tree} - {""})
         summary, _ = drive(ep["router"], wl, PlanOptions(**sessions_opts), ep["engines"],
                            concurrency=6, label=name, max_sessions=8)
         out["summary"] = summary
