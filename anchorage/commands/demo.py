@@ -60,14 +60,9 @@ def parse_configs(text: str) -> dict[str, tuple[str, str, int | None]]:
         policy, sep2, router = rest.partition("/")
         if not (sep and sep2 and name and policy and router) or (at and not blocks):
             raise CLIError(f"--configs item {item!r} is not NAME=ENGINE_POLICY/ROUTER[@KV_BLOCKS]")
-        kv = None
-        if at:
-            try:
-                kv = int(blocks)
-            except ValueError:
-                kv = 0
-            if kv < 2:
-                raise CLIError(f"--configs item {item!r}: KV_BLOCKS must be an integer >= 2")
+        if at and not (blocks.isdigit() and int(blocks) >= 2):
+            raise CLIError(f"--configs item {item!r}: KV_BLOCKS must be an integer >= 2")
+        kv = int(blocks) if at else None
         if name in out:
             raise CLIError(f"--configs names {name!r} twice")
         out[name] = (policy, router, kv)

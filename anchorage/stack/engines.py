@@ -26,6 +26,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from anchorage.stack.tiny_model import TINY_LLAMA
+
 
 @dataclass(frozen=True)
 class EngineSpec:
@@ -69,8 +71,6 @@ class EngineSpec:
         """``max_model_len``, else half the pool, at most the tiny model's positions."""
         if self.max_model_len:
             return self.max_model_len
-        from anchorage.stack.tiny_model import TINY_LLAMA
-
         return min(max(self.block_size, (self.kv_blocks // 2) * self.block_size),
                    TINY_LLAMA["max_position_embeddings"])
 

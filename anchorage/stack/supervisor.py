@@ -44,6 +44,14 @@ class StartError(RuntimeError):
         self.tail = tail
 
 
+def _stat(pid: int | str) -> tuple[str, list[str]]:
+    """``/proc/<pid>/stat``: the process's name and the fields after it (its state first).
+    OSError when the process is gone; ValueError or IndexError for a cut file."""
+    with open(f"/proc/{pid}/stat", "rb") as fh:
+        head, rest = fh.read().decode(errors="replace").rsplit(")", 1)
+    return head.split("(", 1)[1], rest.split()
+
+
 def proc_table() -> dict[int, tuple[int, int, int]]:
     """Every live process: pid -> (parent pid, process group, start time in ticks)."""
     out: dict[int, tuple[int, int, int]] = {}
@@ -51,8 +59,7 @@ def proc_table() -> dict[int, tuple[int, int, int]]:
         if not entry.isdigit():
             continue
         try:
-            with open(f"/proc/{entry}/stat", "rb") as fh:
-                f = fh.read().decode(errors="replace").rsplit(")", 1)[1].split()
+            f = _stat(entry)[1]
             if f[0] in ("Z", "X"):
                 continue
             out[int(entry)] = (int(f[1]), int(f[2]), int(f[19]))
@@ -70,11 +77,8 @@ def cpu_times(pids) -> dict[tuple[int, int], tuple[str, float]]:
     out = {}
     for pid in pids:
         try:
-            with open(f"/proc/{pid}/stat", "rb") as fh:
-                raw = fh.read().decode(errors="replace")
-            head, rest = raw.rsplit(")", 1)
-            f = rest.split()
-            out[(pid, int(f[19]))] = (head.split("(", 1)[1], (int(f[11]) + int(f[12])) * _TICK_S)
+            name, f = _stat(pid)
+            out[(pid, int(f[19]))] = (name, (int(f[11]) + int(f[12])) * _TICK_S)
         except (OSError, IndexError, ValueError):
             continue
     return out
@@ -110,10 +114,8 @@ def descendants(pid: int, table: dict[int, tuple[int, int, int]] | None = None) 
 
 def alive(pid: int) -> bool:
     try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            state = fh.read().decode(errors="replace").rsplit(")", 1)[1].split()[0]
-        return state not in ("Z", "X")
-    except (OSError, IndexError):
+        return _stat(pid)[1][0] not in ("Z", "X")
+    except (OSError, IndexError, ValueError):
         return False
 
 
