@@ -153,6 +153,8 @@ class NodeState:
         self._labels: dict[Hashable, str] = {}
         self.hist_counts = [0] * (len(DECISION_BUCKETS_S) + 1)
         self.hist_sum = 0.0
+        self._sampled: dict[int, AccessRecord | None] = {}  # seq -> record (sampled_requests)
+        self._sampled_thr = -1
 
     def observe(self, policy: Any, ctx: Any, prompt_token_ids: Sequence[int] | None,
                 now_s: float | None = None, cache_salt: str | None = None) -> None:
@@ -248,16 +250,31 @@ class NodeState:
         if sample_rate <= 0:
             return ()
         thr = int(sample_rate * 10_000)
+        recent = list(self.recent)
+        memo = self._sampled if self._sampled_thr == thr else {}
+        # each request's record (or None: not sampled) is built once, not at every snapshot
+        # (the exporter's thread; a request's context does not change once observed)
+        keep: dict[int, AccessRecord | None] = {}
         out = []
-        for seq, t, c in list(self.recent):
-            sid = c.session_id
-            key = sid if sid is not None else ("request", c.request_id)
-            if stable_hash(key) % 10_000 >= thr:
-                continue
-            n = min(len(c.keys), c.input_length // self.block_size) if self.block_size else 0
-            out.append(AccessRecord(
-                seq=seq, t=t, hash_ids=[stable_hash(k) for k in list(c.keys[:n])],
-                input_length=c.input_length, output_length=c.output_length, session_id=sid,
-                tenant=c.tenant, tool_name=c.tool_name, tool_args=c.tool_args,
-                agent=c.agent_hint))
+        for seq, t, c in recent:
+            if seq in memo:
+                rec = memo[seq]
+            else:
+                rec = self._record(seq, t, c, thr)
+            keep[seq] = rec
+            if rec is not None:
+                out.append(rec)
+        self._sampled, self._sampled_thr = keep, thr
         return tuple(out)
+
+    def _record(self, seq: int, t: float, c: Any, thr: int) -> AccessRecord | None:
+        sid = c.session_id
+        key = sid if sid is not None else ("request", c.request_id)
+        if stable_hash(key) % 10_000 >= thr:
+            return None
+        n = min(len(c.keys), c.input_length // self.block_size) if self.block_size else 0
+        return AccessRecord(
+            seq=seq, t=t, hash_ids=[stable_hash(k) for k in list(c.keys[:n])],
+            input_length=c.input_length, output_length=c.output_length, session_id=sid,
+            tenant=c.tenant, tool_name=c.tool_name, tool_args=c.tool_args,
+            agent=c.agent_hint)

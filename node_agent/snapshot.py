@@ -47,12 +47,16 @@ its own engine, with the warm-up of that tenant's prefix.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger("anchorage.node_agent.state")
 
 FORMAT = "anchorage-node-state/v1"
 SNAPSHOT_FILE = "state.json"
@@ -355,12 +359,64 @@ def parse_snapshot(doc: Any, where: str = "snapshot") -> Snapshot:
 def write_json(path: str | os.PathLike, doc: Mapping[str, Any]) -> None:
     """Atomic: readers see the previous file or this one, never a partial write."""
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
     data = json.dumps(doc, separators=(",", ":"))
-    with open(tmp, "w") as fh:
+    try:
+        fh = open(tmp, "w")
+    except FileNotFoundError:  # the directory first (not on every write: it is a syscall)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(tmp, "w")
+    with fh:
         fh.write(data)
     os.replace(tmp, p)
+
+
+class BackgroundWriter:
+    """``write_json`` from a daemon thread, for a writer on the engine's step path (the
+    host tier's snapshot is built in the scheduler's step): ``submit`` only hands the
+    document over, the serialization and the file system's calls happen here. The latest
+    document per path wins (one submitted before the previous was written replaces it).
+    A failed write is counted (``errors``) and logged once; ``flush`` waits until every
+    submitted document is written (tests, shutdown)."""
+
+    def __init__(self, name: str = "anchorage-writer"):
+        self.name = name
+        self.writes = self.errors = 0
+        self._pending: dict[str, Mapping[str, Any]] = {}
+        self._busy = False
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, path: str | os.PathLike, doc: Mapping[str, Any]) -> None:
+        with self._cv:
+            self._pending[str(path)] = doc
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, daemon=True, name=self.name)
+                self._thread.start()
+            self._cv.notify_all()
+
+    def flush(self, timeout_s: float = 2.0) -> bool:
+        """True when everything submitted was written (or failed) within ``timeout_s``."""
+        with self._cv:
+            return self._cv.wait_for(lambda: not self._pending and not self._busy, timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: bool(self._pending))
+                path, doc = self._pending.popitem()
+                self._busy = True
+            try:
+                write_json(path, doc)
+                self.writes += 1
+            except (OSError, RuntimeError, TypeError, ValueError):
+                self.errors += 1
+                if self.errors == 1:
+                    log.warning("anchorage: cannot write %s", path, exc_info=True)
+            finally:
+                with self._cv:
+                    self._busy = False
+                    self._cv.notify_all()
 
 
 def write_snapshot(path: str | os.PathLike, snap: Snapshot) -> None:

@@ -26,7 +26,9 @@ Scheduler side (``anchorage.node_agent.offload.tracker.HostTierTracker``):
   worker's failures (``AnchorageWorkerMetadata``); chunks whose store failed are demoted in
   the host policy and, with the node pool, never published to the node's other engines
   (held back before vLLM completes the store);
-- the snapshot (``host_tier.json`` in the state directory) every ``snapshot_interval_s``.
+- the snapshot (``host_tier.json`` in the state directory) every ``snapshot_interval_s``,
+  built in the step and written by a background thread (the step never waits on the file
+  system).
 
 Synchronous loads (``anchorage.tiering.loads``; ``sync_load_max_ms``, Anchorage on):
 ``get_num_new_matched_tokens`` turns vLLM's asynchronous host hit into a synchronous one
@@ -366,8 +368,8 @@ class AnchorageOffloadingConnector(OffloadingConnector):
         self._step_sync_s = 0.0
         t = self.tracker
         if t is not None:
-            t.maybe_write(self.anchorage.state_path, self.anchorage.snapshot_interval_s,
-                          policy_clock())
+            t.maybe_write(lambda: self.anchorage.state_path,
+                          self.anchorage.snapshot_interval_s, policy_clock())
         return meta
 
     def update_connector_output(self, connector_output) -> None:

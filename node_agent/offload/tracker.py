@@ -49,7 +49,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from anchorage.node_agent.recorder import SessionPrompts
-from anchorage.node_agent.snapshot import write_json
+from anchorage.node_agent.snapshot import BackgroundWriter
 from anchorage.tiering.returns import SessionReturns
 
 FORMAT = "anchorage-host-tier/v1"
@@ -81,6 +81,7 @@ class HostTierTracker:
         self.fallbacks: Counter = Counter()
         self.warm: OrderedDict[Hashable, int] = OrderedDict()  # session -> warm-up tokens
         self._written = 0.0
+        self.writer = BackgroundWriter("anchorage-host-tier-writer")
 
     # -- events ---------------------------------------------------------------------------
 
@@ -181,17 +182,24 @@ class HostTierTracker:
                 "stale_loads": int(self.fallbacks.get("peer_stale", 0))},
         }
 
-    def maybe_write(self, path: str, interval_s: float, mono_now: float,
+    def maybe_write(self, path: str | Callable[[], str], interval_s: float, mono_now: float,
                     force: bool = False) -> bool:
-        """Write the snapshot to ``path`` at most every ``interval_s`` (never raises)."""
+        """The snapshot to ``path`` (or the path a callable gives, asked only when a write
+        is due) at most every ``interval_s`` (never raises). Built here, written by a
+        background thread (``BackgroundWriter``: the connector calls this in the scheduler's
+        step); ``force`` also waits until it is written (False when it could not be)."""
         if not force and mono_now - self._written < interval_s:
             return False
         self._written = mono_now
         try:
-            write_json(path, self.view(mono_now, time.time()))
-            return True
+            self.writer.submit(path() if callable(path) else path,
+                               self.view(mono_now, time.time()))
         except (OSError, RuntimeError, TypeError, ValueError):
             return False
+        if force:
+            errors = self.writer.errors
+            return self.writer.flush() and self.writer.errors == errors
+        return True
 
 
 HOST_TIER_FILE = "host_tier.json"

@@ -147,6 +147,42 @@ def test_sample_rate_zero_sends_no_requests(learned, tmp_path):
     assert exp.snapshot()["requests"] == []     # no sidecar settings yet: nothing sampled
 
 
+def test_sampled_requests_are_built_once_and_follow_the_rate_and_the_window():
+    policy = make_policy("cachescout", block_size=BS)
+    state = NodeState(block_size=BS, max_requests=8)
+    drive(policy, state, [(1 + s % 3, s, float(s), False) for s in range(6)])
+    first = state.sampled_requests(1.0)
+    assert [r.seq for r in first] == [1, 2, 3, 4, 5, 6]
+    again = state.sampled_requests(1.0)
+    assert all(a is b for a, b in zip(first, again))      # the same records, not rebuilt
+    drive(policy, state, [(1, 40 + s, 10.0 + s, False) for s in range(4)])
+    window = state.sampled_requests(1.0)
+    assert [r.seq for r in window] == list(range(3, 11))  # the last 8 requests only
+    assert window[0] is first[2]
+    assert [r.seq for r in state.sampled_requests(1.0)] == list(range(3, 11))
+    # a lower rate samples a subset of the sessions, decided again for every request
+    part = state.sampled_requests(0.5)
+    assert 0 < len(part) < 8 and {r.seq for r in part} < set(range(3, 11))
+    assert state.sampled_requests(0.0) == ()
+    assert len(state.sampled_requests(1.0)) == 8
+
+
+def test_the_background_writer_writes_the_latest_document_and_counts_failures(tmp_path):
+    from anchorage.node_agent.snapshot import BackgroundWriter
+
+    w = BackgroundWriter()
+    path = tmp_path / "new" / "dir" / "doc.json"       # the directory is made on demand
+    for i in range(50):
+        w.submit(path, {"n": i})
+    assert w.flush() and json.loads(path.read_text()) == {"n": 49}
+    assert 1 <= w.writes <= 50 and w.errors == 0
+    (tmp_path / "file").write_text("")
+    w.submit(tmp_path / "file" / "x.json", {"n": 1})   # a file where the directory should be
+    assert w.flush() and w.errors == 1
+    w.submit(path, {"n": 50})                           # and it keeps writing after a failure
+    assert w.flush() and json.loads(path.read_text()) == {"n": 50}
+
+
 def test_thread_writes_atomically_while_read(learned, tmp_path):
     policy, state = learned
     path = tmp_path / "state.json"
