@@ -104,18 +104,18 @@ def sub_blocks(ids: np.ndarray, per_chunk: int, skip: int, count: int) -> torch.
     return torch.from_numpy(np.ascontiguousarray(flat[skip:skip + count]))
 
 
-_WIDE = (torch.int64, torch.int32, torch.int16)
+_WIDE = ((8, torch.int64), (4, torch.int32), (2, torch.int16))
 
 
 def wide(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two byte matrices of the same row size as the widest integer type both can be viewed
-    as (the same bytes): torch gathers and scatters int8 rows byte by byte, 4-5x slower
-    than 8-byte words (a KV page is a multiple of 8 bytes; else it stays int8)."""
-    for dt in _WIDE:
-        try:
+    """Two int8 matrices (rows of the same size) as the widest integer type both can be
+    viewed as (the same bytes): torch gathers and scatters int8 rows byte by byte, 4-5x
+    slower than 8-byte words. A KV page is a multiple of 8 bytes; a row size, row stride
+    or address that is not keeps the narrower type (checked here: never a failed view)."""
+    for w, dt in _WIDE:
+        if all(t.shape[1] % w == 0 and t.stride(0) % w == 0 and t.data_ptr() % w == 0
+               and (t.shape[1] == 1 or t.stride(1) == 1) for t in (a, b)):
             return a.view(dt), b.view(dt)
-        except RuntimeError:  # row size, stride or offset not a multiple of the width
-            continue
     return a, b
 
 
