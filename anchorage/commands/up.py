@@ -36,6 +36,10 @@ def add_stack_args(p, *, with_policy: bool = True) -> None:
                    help="the generated model: ids (token-id prompts only; default) or chat (a "
                         "real tokenizer and chat template: text and chat requests; the router "
                         "keys them by tokens for precise_prefix, by characters otherwise)")
+    p.add_argument("--tiny-size", choices=["tiny", "small"], default="tiny",
+                   help="the generated model's size: tiny (default; a prefill costs less than "
+                        "the serving path around it) or small (about 6x the work per token: "
+                        "prefill is most of a TTFT, as on a GPU with a real model)")
     p.add_argument("--prometheus", choices=["auto", "off"], default="auto",
                    help="auto: start a local Prometheus when the binary exists (default)")
     p.add_argument("--base-port", type=int, default=0,
@@ -93,6 +97,7 @@ def stack_config(args, policy: str | None = None, router: str | None = None,
     cfg = StackConfig(engines=args.engines, policy=policy or args.policy,
                       router=router or args.router, router_params=params, model=args.model,
                       tiny_model=getattr(args, "tiny_model", "ids"),
+                      tiny_size=getattr(args, "tiny_size", "tiny"),
                       prometheus=args.prometheus, base_port=args.base_port,
                       workdir=args.workdir, kv_blocks=kv_blocks or args.kv_blocks, block_size=args.block_size,
                       warmup=not args.no_warmup, cpu=not args.gpu,

@@ -47,6 +47,7 @@ class StackConfig:
     router_params: dict = field(default_factory=dict)
     model: str | None = None           # None: generated tiny Llama, dummy weights
     tiny_model: str = "ids"            # its flavour: ids (token-id prompts) | chat (tokenizer)
+    tiny_size: str = "tiny"            # its size (tiny_model.SIZES): tiny | small
     prometheus: str = "auto"           # auto | off
     base_port: int = 0
     workdir: str | None = None
@@ -101,12 +102,16 @@ class StackConfig:
         elif self.router not in router_names():
             raise ValueError(f"unknown router policy {self.router!r}; known: "
                              + ", ".join(router_names()) + ", smg[:POLICY] (the SGLang gateway)")
-        from anchorage.stack.tiny_model import FLAVOURS
+        from anchorage.stack.tiny_model import FLAVOURS, SIZES
         if self.tiny_model not in FLAVOURS:
             raise ValueError(f"--tiny-model must be one of {', '.join(FLAVOURS)}, "
                              f"not {self.tiny_model!r}")
-        if self.model is not None and self.tiny_model != "ids":
-            raise ValueError("--tiny-model chooses the generated model: not with --model")
+        if self.tiny_size not in SIZES:
+            raise ValueError(f"--tiny-size must be one of {', '.join(SIZES)}, "
+                             f"not {self.tiny_size!r}")
+        if self.model is not None and (self.tiny_model != "ids" or self.tiny_size != "tiny"):
+            raise ValueError("--tiny-model and --tiny-size choose the generated model: not "
+                             "with --model")
         if self.model is not None and not Path(self.model).exists():
             raise ValueError(f"--model {self.model}: no such directory")
         return self
@@ -183,7 +188,7 @@ class Stack:
                                  "pick another --base-port")
         chat = cfg.model is None and cfg.tiny_model == "chat"
         model = cfg.model or str(write_model(self.workdir / ("tiny-chat" if chat else "tiny-llama"),
-                                             cfg.tiny_model))
+                                             cfg.tiny_model, cfg.tiny_size))
         dummy = cfg.model is None
         base_env = dict(os.environ)
         base_env.setdefault("PYTHONUNBUFFERED", "1")
@@ -200,7 +205,8 @@ class Stack:
                 scheduler=cfg.scheduler, host_tier_bytes=cfg.host_tier_mb << 20,
                 node_pool_dir=self.workdir / "node-pool" if cfg.node_pool else None,
                 long_prefill_tokens=cfg.long_prefill_tokens))
-        tiny = ", tiny Llama with dummy weights" + (" and a tokenizer" if chat else "")
+        tiny = (f", {cfg.tiny_size} Llama with dummy weights"
+                + (" and a tokenizer" if chat else ""))
         say(f"starting {cfg.engines} vLLM engine(s) (policy {cfg.policy}"
             f"{tiny if dummy else ', model ' + model}) ...")
         self._start_engines(specs, base_env, say)

@@ -12,6 +12,15 @@ events. Two flavours:
   (``CHAT_TEMPLATE``). Its ``vocab_size`` in ``config.json`` is the tokenizer's, padded
   to a multiple of 64. vLLM serves it without ``--skip-tokenizer-init``, so text and chat
   requests work, and ``anchorage router --tokenizer DIR`` keys them by the same tokens.
+
+Two sizes of the network (``SIZES``; ``size=`` of every writer):
+
+- ``tiny`` (default): hidden 128, MLP 256, 4 heads. A prompt's prefill costs less than
+  the serving path around it (HTTP, tokenizing, vLLM's per-step work), so TTFT on it
+  measures that path more than the KV cache.
+- ``small``: hidden 256, MLP 1,024, 8 heads (KV heads too): about 6x the work per token,
+  and twice the KV bytes per token. Prefill is then most of a TTFT on a CPU, as it is on
+  a GPU serving a real model, so a prefix the cache holds shows in TTFT.
 """
 
 from __future__ import annotations
@@ -27,6 +36,16 @@ TINY_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hid
               "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2,
               "tie_word_embeddings": False}
 FLAVOURS = ("ids", "chat")
+SIZES = {"tiny": {},
+         "small": {"hidden_size": 256, "intermediate_size": 1024, "num_attention_heads": 8,
+                   "num_key_value_heads": 8}}
+
+
+def model_config(size: str = "tiny") -> dict:
+    """``config.json`` of the network of this size (``SIZES``)."""
+    if size not in SIZES:
+        raise ValueError(f"tiny model size must be one of {', '.join(SIZES)}, not {size!r}")
+    return {**TINY_LLAMA, **SIZES[size]}
 
 SPECIAL = ["<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>"]
 CHAT_TEMPLATE = (
@@ -50,11 +69,12 @@ CORPUS = "\n".join(
     + [" ".join(_WORDS.split()[i::7]) for i in range(7)])
 
 
-def write_tiny_model(directory: str | Path) -> Path:
+def write_tiny_model(directory: str | Path, size: str = "tiny") -> Path:
     """Write the config into ``directory`` (created) and return it."""
+    cfg = model_config(size)
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    (d / "config.json").write_text(json.dumps(TINY_LLAMA, indent=1))
+    (d / "config.json").write_text(json.dumps(cfg, indent=1))
     return d
 
 
@@ -75,15 +95,16 @@ def build_tokenizer(vocab_size: int = 960):
     return tok
 
 
-def write_tiny_chat_model(directory: str | Path) -> Path:
+def write_tiny_chat_model(directory: str | Path, size: str = "tiny") -> Path:
     """The chat flavour (module docstring) in ``directory``; returns it."""
+    base = model_config(size)
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer()
     tok.save(str(d / "tokenizer.json"))
     n = tok.get_vocab_size()
     ids = {t: tok.token_to_id(t) for t in ("<unk>", "<s>", "</s>")}
-    cfg = dict(TINY_LLAMA, vocab_size=-(-n // 64) * 64, bos_token_id=ids["<s>"],
+    cfg = dict(base, vocab_size=-(-n // 64) * 64, bos_token_id=ids["<s>"],
                eos_token_id=ids["</s>"])
     (d / "config.json").write_text(json.dumps(cfg, indent=1))
     (d / "tokenizer_config.json").write_text(json.dumps({
@@ -98,10 +119,12 @@ def write_tiny_chat_model(directory: str | Path) -> Path:
     return d
 
 
-def write_model(directory: str | Path, flavour: str = "ids") -> Path:
+def write_model(directory: str | Path, flavour: str = "ids", size: str = "tiny") -> Path:
     if flavour not in FLAVOURS:
         raise ValueError(f"tiny model flavour must be one of {', '.join(FLAVOURS)}, not {flavour!r}")
-    return write_tiny_chat_model(directory) if flavour == "chat" else write_tiny_model(directory)
+    if flavour == "chat":
+        return write_tiny_chat_model(directory, size)
+    return write_tiny_model(directory, size)
 
 
 def has_tokenizer(model_dir: str | Path) -> bool:

@@ -19,9 +19,10 @@ CONFIGS = [("stock", "off", "round_robin", ()), ("anchorage", "hybrid", "agent",
            # the engines as the fleet benchmark's Anchorage runs them: prefix-aware admission,
            # a host-memory KV tier the engines read one another's of, and the prefill chunk
            # cap (the chart's scheduler, hostTier with nodePool, and longPrefillTokens)
+           # and the small model (--tiny-size small: prefill most of a TTFT)
            ("anchorage-full", "hybrid", "agent",
             ("--scheduler", "prefix-aware", "--host-tier-mb", "16", "--node-pool",
-             "--long-prefill-tokens", "64"))]
+             "--long-prefill-tokens", "64", "--tiny-size", "small"))]
 # what vLLM itself logs at start: the scheduler class it built, the connector it loaded,
 # the prefill chunk cap among its non-default arguments
 ENGINE_LOG_LINES = ("PrefixAwareScheduler", "AnchorageOffloadingConnector",
@@ -70,6 +71,11 @@ def one(name: str, policy: str, router: str, flags, work: Path, wl, sessions_opt
         out["expected_targets"] = 2 * len(ep["engines"]) + 1
         logs = [p.read_text(errors="replace") for p in (work / name / "logs").glob("engine-*.log")]
         out["engine_log_lines"] = {k: sum(k in t for t in logs) for k in ENGINE_LOG_LINES}
+        # the KV bytes per block of the model the engines loaded, from the host tier's
+        # snapshots (the connector sizes its chunks from vLLM's KV tensors)
+        out["host_chunk_bytes"] = sorted(
+            json.loads(p.read_text())["chunk_bytes"]
+            for p in (work / name).rglob("host_tier.json"))
         pool = work / name / "node-pool"  # the node pool's files while the engines run
         out["node_pool_files"] = sorted(os.listdir(pool)) if pool.is_dir() else []
     finally:

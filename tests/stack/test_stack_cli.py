@@ -65,6 +65,8 @@ def test_port_in_use_is_one_line_and_starts_nothing(tmp_path):
     (["--model", "/nonexistent/model"], "no such directory"),
     (["--engines", "0"], "--engines must be 1..16"),
     (["--router-params", "{bad"], "--router-params is not valid JSON"),
+    (["--tiny-size", "small", "--model", str(REPO)], "not with --model"),
+    (["--tiny-size", "huge"], "invalid choice: 'huge'"),
 ])
 def test_up_rejects_bad_options(args, expect):
     p = cli("up", *args)
@@ -178,3 +180,7 @@ def test_demo_configs_give_one_configuration_its_own_pool():
     args.router_params = "{}"
     assert stack_config(args, "hybrid", "agent", kv_blocks=c["limit"][2]).kv_blocks == 4096
     assert stack_config(args, "hybrid", "agent", kv_blocks=c["anchorage"][2]).kv_blocks == 512
+    assert stack_config(args, "hybrid", "agent").tiny_size == "tiny"
+    small = ap.parse_args(["--tiny-size", "small"])
+    small.router_params = "{}"
+    assert stack_config(small, "hybrid", "agent").tiny_size == "small"

@@ -4,7 +4,8 @@ driven by `anchorage drive`'s replayer, stopped with Ctrl-C (SIGINT).
 
 Stock (vLLM LRU, round-robin routing) vs Anchorage (hybrid eviction, agent routing), and
 Anchorage with its engines' prefix-aware scheduler, host-memory KV tier and prefill chunk
-cap (`--scheduler prefix-aware --host-tier-mb 16 --node-pool --long-prefill-tokens 64`), on the same
+cap, on the small model (`--scheduler prefix-aware --host-tier-mb 16 --node-pool
+--long-prefill-tokens 64 --tiny-size small`), on the same
 generated multi-agent workload, one stack start per configuration: every request succeeds,
 Anchorage's prefix-cache hit rate is higher (from usage.cached_tokens and from vLLM's own
 counters), the three flags reach the engines and the host tier serves tokens, Prometheus
@@ -66,7 +67,7 @@ def test_anchorage_hit_rate_beats_stock(e2e):
 
 def test_the_scheduler_and_host_tier_flags_reach_the_engines(e2e):
     """`anchorage up --scheduler prefix-aware --host-tier-mb 16 --node-pool
-    --long-prefill-tokens 64`: both engines run the prefix-aware scheduler, the host tier
+    --long-prefill-tokens 64 --tiny-size small`: both engines run the prefix-aware scheduler, the host tier
     (both published in the node pool: an index and a data file each) and vLLM's prefill
     chunk cap of 64 tokens, and the host tier serves prompt tokens (vLLM's own
     external_prefix_cache_hits); without the flags, none of them."""
@@ -81,6 +82,9 @@ def test_the_scheduler_and_host_tier_flags_reach_the_engines(e2e):
     assert len([f for f in files if f.endswith(".idx")]) == 2, files
     assert len([f for f in files if f.endswith(".r0.kv")]) == 2, files
     assert plain["node_pool_files"] == []
+    # --tiny-size small: the engines loaded the wider network (8 KV heads of 32 dims, two
+    # layers, K and V, bfloat16, 32-token blocks: 64 KiB a block; the tiny one's is 32 KiB)
+    assert full["host_chunk_bytes"] == [32 * 2 * 2 * 8 * 32 * 2] * 2, full["host_chunk_bytes"]
     counters = full["summary"]["engine_counters"]
     assert counters["external_hits"] > 0, counters
     assert plain["summary"]["engine_counters"]["external_hits"] == 0

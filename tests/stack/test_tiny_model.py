@@ -20,6 +20,22 @@ def test_the_ids_flavour_has_no_tokenizer(tmp_path):
         write_model(tmp_path / "x", "gguf")
 
 
+def test_the_small_size_is_the_same_llama_wider_in_both_flavours(tmp_path):
+    from anchorage.stack.tiny_model import SIZES, model_config
+
+    small = json.loads((write_model(tmp_path / "s", "ids", "small") / "config.json").read_text())
+    assert small == model_config("small") and small["hidden_size"] == 2 * TINY_LLAMA["hidden_size"]
+    assert small["intermediate_size"] == 4 * TINY_LLAMA["intermediate_size"]
+    assert small["num_key_value_heads"] == small["num_attention_heads"] == 8
+    assert {k: v for k, v in small.items() if k not in SIZES["small"]} == \
+        {k: v for k, v in TINY_LLAMA.items() if k not in SIZES["small"]}
+    with pytest.raises(ValueError, match="size must be one of tiny, small"):
+        write_model(tmp_path / "x", "ids", "huge")
+    pytest.importorskip("tokenizers")
+    chat = json.loads((write_model(tmp_path / "c", "chat", "small") / "config.json").read_text())
+    assert chat["hidden_size"] == 256 and chat["vocab_size"] != small["vocab_size"]
+
+
 def test_the_chat_flavour_is_deterministic_and_its_vocab_matches_the_config(tmp_path):
     pytest.importorskip("tokenizers")
     transformers = pytest.importorskip("transformers")
