@@ -22,6 +22,7 @@ Usage (root with unshare: each demo runs in a private network namespace)::
     .venv/bin/python -m bench.bench_real_peers [--repeats 3] [--out bench/results/real_peers.json]
         [--bound: each repeat also runs `limit`, Anchorage's stack with a pool nothing evicts,
          and `smg_again`, smg a second time (an A/A control)]
+        [--first-rotation K: repeat i runs the stacks in the order rotated by K + i]
         [demo flags, e.g. --sessions 40 --concurrency 8; --scheduler prefix-aware and
          --host-tier-mb N change Anchorage's engines only; --router-hosting process runs
          Anchorage's router (and round robin's) in one process without Ray]
@@ -113,8 +114,10 @@ def table(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def run_once(repeat: int, extra: list[str], bound: bool = False) -> dict:
-    names = order(repeat, list(ALL_CONFIGS if bound else CONFIGS))
+def run_once(repeat: int, extra: list[str], bound: bool = False,
+             rotation: int | None = None) -> dict:
+    names = order(repeat if rotation is None else rotation,
+                  list(ALL_CONFIGS if bound else CONFIGS))
     configs = ",".join(f"{n}={ALL_CONFIGS[n]}" for n in names)
     with tempfile.TemporaryDirectory(prefix="anchorage-real-peers-") as tmp:
         out = Path(tmp) / "demo.json"
@@ -136,13 +139,17 @@ def main() -> int:
     ap.add_argument("--bound", action="store_true",
                     help="also run `limit` (Anchorage's stack with a pool nothing evicts) and "
                          "`smg_again` (smg a second time: an A/A control) in each repeat")
+    ap.add_argument("--first-rotation", type=int, default=0,
+                    help="the order of repeat i is rotated by this + i (default 0): a second "
+                         "batch with another start puts every stack after other neighbours")
     args, extra = ap.parse_known_args()
     from anchorage.stack import gateway
     if gateway.binary() is None:
         print("the SGLang gateway (smg) is not installed: run scripts/setup.d/50-bench-router.sh",
               file=sys.stderr)
         return 2
-    runs = [run_once(i, extra, args.bound) for i in range(args.repeats)]
+    runs = [run_once(i, extra, args.bound, args.first_rotation + i)
+            for i in range(args.repeats)]
     v = verdict(runs)
     print("\n" + table(runs))
     print(f"\nanchorage better than smg on hit rate and TTFT p90: {v['repeats_won']} of "

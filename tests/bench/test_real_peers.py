@@ -55,3 +55,17 @@ def test_the_bound_stacks_are_judged_against_smg_like_anchorage():
     assert v["bounds"]["smg_again"]["ttft_p90_repeats_won"] == 2
     assert "bounds" not in b.verdict([_run(0, 0.6, 0.2, 0.5, 0.3)])
     assert "| 1 | limit |" in b.table(runs)
+
+
+def test_first_rotation_starts_a_batch_at_another_order(monkeypatch):
+    """`--first-rotation K`: repeat i runs the stacks in order(K + i), so a second batch puts
+    each stack after other neighbours; the repeat keeps its own index."""
+    seen = []
+    monkeypatch.setattr(b.subprocess, "call", lambda cmd, cwd=None: seen.append(cmd) or 0)
+    r = b.run_once(0, [], bound=True, rotation=3)
+    configs = seen[0][seen[0].index("--configs") + 1]
+    assert [c.split("=")[0] for c in configs.split(",")] == b.order(3, list(b.ALL_CONFIGS))
+    assert r["repeat"] == 0 and r["order"] == b.order(3, list(b.ALL_CONFIGS))
+    b.run_once(2, [], bound=True)
+    configs = seen[1][seen[1].index("--configs") + 1]
+    assert [c.split("=")[0] for c in configs.split(",")] == b.order(2, list(b.ALL_CONFIGS))
