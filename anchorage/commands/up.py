@@ -18,6 +18,8 @@ import signal
 import sys
 import time
 
+from anchorage.stack.tiny_model import FLAVOURS, SIZES
+
 
 def add_stack_args(p, *, with_policy: bool = True) -> None:
     p.add_argument("--engines", type=int, default=2, help="vLLM engines (default: 2)")
@@ -32,11 +34,11 @@ def add_stack_args(p, *, with_policy: bool = True) -> None:
     p.add_argument("--model", default=None,
                    help="model directory for the engines (default: a generated tiny Llama "
                         "with dummy weights)")
-    p.add_argument("--tiny-model", choices=["ids", "chat"], default="ids",
+    p.add_argument("--tiny-model", choices=list(FLAVOURS), default="ids",
                    help="the generated model: ids (token-id prompts only; default) or chat (a "
                         "real tokenizer and chat template: text and chat requests; the router "
                         "keys them by tokens for precise_prefix, by characters otherwise)")
-    p.add_argument("--tiny-size", choices=["tiny", "small"], default="tiny",
+    p.add_argument("--tiny-size", choices=list(SIZES), default="tiny",
                    help="the generated model's size: tiny (default; a prefill costs less than "
                         "the serving path around it) or small (about 6x the work per token: "
                         "prefill is most of a TTFT, as on a GPU with a real model)")
