@@ -9,7 +9,10 @@ Per request (``observe_request``; ``ctx.now_s`` is the policy clock):
 - its session: ``ctx.session_id``, else inferred from prefix continuity
   (``PrefixOwnership.infer_session``), else a session of its own; its agent: the prompt's
   fingerprint (``PrefixOwnership.fingerprint``), and the number of leading blocks shared
-  across sessions (``anchor_length``). Never the ``agent`` label (``agent_truth``);
+  across sessions (``anchor_length``). Never the ``agent`` label (``agent_truth``), nor
+  the client's agent hint (``agent_hint``): keyed by the hint, ChatDev's half-LRU hit
+  rate fell from 34.0 to 27.0 % (an anchor group must be the blocks prompts share;
+  docs/research/benchmarks-policies.md, "The client's agent hint in eviction");
 - learned from it, unless it is a warm-up (``ctx.warmup``) or a request id seen before (a
   re-scheduled attempt, a preempted request coming back):
 
