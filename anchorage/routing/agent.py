@@ -44,9 +44,12 @@ Spec, per request ``q`` at time ``t`` over the healthy replicas ``H`` (``n = |H|
   full GPU cache (``kv_usage >= kv_spill``) alone does not make ``h`` overloaded for it
   (the queue rule still does): a full cache is the steady state of a tiered replica at
   load, and leaving it re-prefills the whole history on a replica as full;
-  (2) otherwise, to the member of ``P_a`` that is not
-  overloaded with the longest prefix match in the router's model (the thread's history
-  when it moved), then least load; a *new* thread (no history to lose) weighs its anchor
+  (2) otherwise, to the member ``r`` of ``P_a`` that is not
+  overloaded with the least ``load_r - w(m_r)`` (``m_r``: the request's prefix match in
+  the router's model on ``r``; the thread's history when it moved), then least load: a
+  prefix saves its prefill where it is, and members that hold the same anchor are
+  decided by load (with ``tokens_per_request = 0``: the longest match, then least
+  load); a *new* thread (no history to lose) weighs its anchor
   as a known thread weighs its history: it treats members as overloaded when the
   lightest member's load exceeds ``new_ratio * min(load) + new_abs + w(anchor blocks
   matched there)`` over all replicas (defaults 1 and 0: the member's extra queue exceeds
@@ -336,8 +339,14 @@ class AgentRouter(Router):
             if load[best] > self.new_ratio * lightest + self.new_abs + anchor_work:
                 ok = []
         if ok:
-            choice = min(ok, key=lambda p: (-self.index.match_len(replicas[p].index, keys),
-                                            load[p]))
+            # the prefix each member holds saves its prefill there: weigh it against load
+            match = self.index.match_len
+            if tpr > 0:
+                wk = tpk / tpr
+                choice = min(ok, key=lambda p: (load[p] - match(replicas[p].index, keys) * wk,
+                                                load[p]))
+            else:                                   # no exchange rate: the longest match
+                choice = min(ok, key=lambda p: (-match(replicas[p].index, keys), load[p]))
             self.decisions["member"] += 1
         else:
             outside = [p for p in pos if replicas[p].index not in members]

@@ -199,3 +199,25 @@ def test_a_context_on_another_clock_does_not_break_the_router():
     home = route(r, ctx([1, 2, 3, 4, 5], session="s", now=70_000.0), reps)   # 19 h of uptime
     assert route(r, ctx([1, 2, 3, 4, 5, 6], session="s", now=0.0), reps) == home
     assert route(r, ctx([9, 8, 7, 6, 5], session="t", now=-1e9), reps) in range(4)
+
+
+def test_among_members_a_longer_match_is_weighed_against_the_load_it_costs():
+    # both replicas hold the agent's anchor; replica `home` also holds two more shared
+    # blocks (~32 tokens: 0.016 requests of prefill at 2,048 tokens a request). A member's
+    # cost is its load less the prefill its match saves, so a busier home loses a new
+    # thread to the idle member; the longest match first (tokens_per_request 0) keeps it.
+    def shared(s, extra):                    # anchor(4) + 2 shared blocks, then its own
+        return ctx(anchor(4) + [77, 78] + [hash((s, i)) for i in range(extra)], session=s)
+
+    for tpr, expect_home in ((2048, False), (0, True)):
+        r = make_router("agent", spill_abs=100, new_ratio=0, tokens_per_request=tpr)
+        home = route(r, shared("a", 1), views(2))
+        # another router placed a session of the agent on the other replica: a member now
+        r.on_peer_start(ctx(anchor(4) + [hash("b")], session="b"), 1 - home)
+        assert set(r.placement[agent_id(shared("x", 0))]) == {0, 1}
+        loads = [0, 0]
+        loads[home] = 1
+        assert r.index.match_len(home, shared("c", 1).keys) == 6
+        assert r.index.match_len(1 - home, shared("c", 1).keys) == 4
+        got = route(r, shared("c", 1), views(2, loads=loads))
+        assert (got == home) == expect_home, (tpr, got, home)
