@@ -107,6 +107,17 @@ topologies. At 4,000 blocks per replica (``bench/bench_router_sim.py``, random t
 the rule costs 3.0 / 4.5 points of hit rate (4 / 8 replicas; anchors copied to more
 replicas), still +3.4 / +3.9 over ``prefix``. ``docs/research/fleet.md``, "Where new
 threads go".
+
+Members weighed by load less the prefill their match saves (2026-12-05; was the longest
+match first, then load). Measured against the old rule in the fleet benchmark:
+- SWE-agent: +1.1 % on the table's seeds 1-3, and +3.8 % on seeds 4-6, which nothing was
+  chosen on. The two members both hold the shared system prompt, and a block or two more
+  in the router's model had decided where new sessions went, whatever the load.
+- The generated topologies +0.2 %, WEKA -0.2 %, Mooncake -0.1 %.
+- At 4,000 blocks (``bench/bench_router_sim.py``, random topology, 4 / 8 replicas):
+  -0.6 / -0.3 points of hit rate, and TTFT p90 0.43x / 0.34x round_robin's (was 0.46x /
+  0.35x).
+``docs/research/fleet.md``, "Members weighed by load".
 """
 
 from __future__ import annotations
