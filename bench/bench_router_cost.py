@@ -339,10 +339,10 @@ def decision(args) -> int:
             if i >= warm:
                 cpu.append((t1 - t0) / 1e3)
         cpu.sort()
-        rows.append({"agents": agents, "agents_seen": len(r.agents), "sessions": args.sessions,
+        rows.append({"agents": agents, "threads_seen": len(r.sessions), "sessions": args.sessions,
                      "replicas": 64, "pick_cpu_p50_us": statistics.median(cpu),
                      "pick_cpu_p99_us": cpu[int(0.99 * len(cpu))]})
-        print(f"agents {agents:>7} (seen {len(r.agents):>6}): pick CPU p50 "
+        print(f"agents {agents:>7} ({len(r.sessions):>6} threads): pick CPU p50 "
               f"{rows[-1]['pick_cpu_p50_us']:.1f} us, p99 {rows[-1]['pick_cpu_p99_us']:.1f} us "
               f"(target p99 < 200)", flush=True)
     write(args, {"decision": rows}, None)

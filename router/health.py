@@ -2,7 +2,8 @@
 replica's ``GET /health`` (a failure counts like a transport failure; a success readmits
 an ejected replica, and ``RoutingState`` then forgets its model of that replica's
 cache), its vLLM gauges from ``/metrics`` (queue and KV usage for the load signal, whether it
-keeps a host-memory KV tier) and,
+keeps a host-memory KV tier, its prefill rate from the prompt-token and prefill-time
+counters) and,
 until known and then every ``MODELS_EVERY`` rounds, the models it serves from
 ``/v1/models`` (model-aware routing)."""
 
@@ -11,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from anchorage.router.state import RoutingState, Upstream, has_host_tier, parse_vllm_gauges
+from anchorage.router.state import (RoutingState, Upstream, has_host_tier, parse_vllm_gauges,
+                                    prefill_counters)
 
 log = logging.getLogger("anchorage.router")
 MODELS_EVERY = 15
@@ -39,6 +41,9 @@ async def probe_once(state: RoutingState, client, round_no: int = 0,
                 up.running = int(g.get("running", 0))
                 up.kv_usage = float(g.get("kv_usage", 0.0))
                 up.host_tier = has_host_tier(m.text)
+                counters = prefill_counters(m.text)
+                if counters is not None:
+                    up.prefill.update(*counters)
         except Exception:  # noqa: BLE001 - metrics are optional
             pass
         if not up.models or round_no % MODELS_EVERY == 0:

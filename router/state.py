@@ -23,6 +23,10 @@ Load signal handed to the policy (``ReplicaView``), per replica:
 - ``host_tier``: the last scrape has ``vllm:kv_offload_*`` samples (vLLM's offloading
   connector exports them from its start, Anchorage's host tier included) or ``lmcache:``
   ones (LMCache's connector): the replica keeps evicted KV in host memory;
+- ``prefill_tokens_per_s``: the replica's prefill rate, measured from its counters
+  (``anchorage.routing.load.PrefillRate`` over ``vllm:prompt_tokens_total`` less
+  ``vllm:prompt_tokens_cached_total`` and ``vllm:request_prefill_time_seconds_sum``);
+  the ``agent`` policy prices queues and prefills in seconds of it;
 - ``queued_tokens``: vLLM exports no token-denominated queue gauge (0.32), so the router
   estimates it from what it sent: each request adds ``input_length - predicted cached
   tokens`` (the policy's ``predicted_hit_blocks`` x tokens per key) when it is sent, and
@@ -36,13 +40,14 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 from typing import Any, Iterable
 
 from anchorage.policies.base import RequestContext
 from anchorage.prometheus_text import has_samples, sums
 from anchorage.routing import NoReplicaError, ReplicaView, make_router
+from anchorage.routing.load import PrefillRate
 from anchorage.routing.vllm_events import VLLMEventTranslator
 from anchorage.router.config import RouterConfig
 from anchorage.router.metrics import RouterMetrics
@@ -70,6 +75,7 @@ class Upstream:
     models: tuple = ()         # served model ids (from the replica's /v1/models)
     model_entries: tuple = ()  # the replica's /v1/models data entries
     ejected_once: bool = False # ejected since added: readmission forgets its model
+    prefill: PrefillRate = field(default_factory=PrefillRate)   # scraped counters' rate
 
 
 HOST_TIER_SERIES = ("vllm:kv_offload_", "lmcache:")
@@ -84,6 +90,19 @@ def has_host_tier(text: str) -> bool:
 def parse_vllm_gauges(text: str) -> dict[str, float]:
     """Sum of each known vLLM gauge over its label sets (one engine per replica)."""
     return {_GAUGES[name]: v for name, v in sums(text, _GAUGES).items()}
+
+
+_PREFILL = ("vllm:prompt_tokens_total", "vllm:prompt_tokens_cached_total",
+            "vllm:request_prefill_time_seconds_sum")
+
+
+def prefill_counters(text: str) -> tuple[float, float] | None:
+    """(prompt tokens computed, seconds in prefill) so far, from a scrape; None when the
+    engine does not export them."""
+    got = sums(text, _PREFILL)
+    if _PREFILL[0] not in got or _PREFILL[2] not in got:
+        return None
+    return got[_PREFILL[0]] - got.get(_PREFILL[1], 0.0), got[_PREFILL[2]]
 
 
 class RoutingState:
@@ -212,7 +231,8 @@ class RoutingState:
             out.append(ReplicaView(index=u.id, name=u.url, healthy=mine < cap,
                                    running=max(mine, u.running + u.waiting) - u.waiting,
                                    waiting=u.waiting, kv_usage=u.kv_usage,
-                                   queued_tokens=u.queued_tokens, host_tier=u.host_tier))
+                                   queued_tokens=u.queued_tokens, host_tier=u.host_tier,
+                                   prefill_tokens_per_s=u.prefill.rate))
         return out
 
     # -- decisions ------------------------------------------------------------------

@@ -58,7 +58,12 @@ class ReplicaView:
     ``host_tier``: the replica's engine copies its KV to host memory (vLLM's offloading
     connector, LMCache's CPU backend), so a history evicted from its GPU is reloaded there,
     not recomputed: what it held stays its own (the simulator knows it from the tiering
-    mode; the Ray app from the engine's ``vllm:kv_offload_*`` / ``lmcache:`` series)."""
+    mode; the Ray app from the engine's ``vllm:kv_offload_*`` / ``lmcache:`` series).
+
+    ``prefill_tokens_per_s``: the replica's prefill rate, from its cost model (the simulator
+    derives it from the hardware profile; the Ray app from the engine's prefill time and
+    prompt token counters); 0 when not known, which prices it as its known peers, or in
+    tokens when no replica's rate is known (a homogeneous fleet)."""
 
     index: int
     name: str = ""
@@ -69,6 +74,7 @@ class ReplicaView:
     queued_tokens: int = 0      # prefill tokens waiting or still to compute
     capacity_blocks: int = 0
     host_tier: bool = False     # keeps copies of its KV in host memory (an offloading tier)
+    prefill_tokens_per_s: float = 0.0   # measured prefill rate (0: unknown; same as the others)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -13,10 +13,19 @@
 - ``is_imbalanced(loads, abs_t, rel_t)``: SGLang's cache-aware router predicate:
   ``max - min > abs_t and max > rel_t * min``. When it holds, cache affinity yields to load.
 - ``overloaded(load, mean, ratio, abs_t)``: ``load > ratio * mean + abs_t`` (spill rule).
+- ``PrefillRate``: a replica's measured prefill rate (tokens per second) from its cumulative
+  counters: ``update(computed_tokens, prefill_seconds)`` takes the totals (vLLM:
+  ``vllm:prompt_tokens_total - vllm:prompt_tokens_cached_total`` and
+  ``vllm:request_prefill_time_seconds_sum``); each interval with prefill time adds
+  ``delta tokens / delta seconds`` to an exponential average (weight ``alpha``); a counter
+  that went backwards (the engine restarted) restarts the baseline. Requests prefilled in
+  the same steps each count the step's time, so the figure is a per-request speed, the
+  same bias on every replica: what the ``agent`` router compares between them.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 from anchorage.routing.base import ReplicaView
@@ -53,3 +62,24 @@ def is_imbalanced(loads: Sequence[float], abs_t: float, rel_t: float) -> bool:
 def overloaded(load: float, mean: float, ratio: float, abs_t: float) -> bool:
     return load > ratio * mean + abs_t
 
+
+
+@dataclass
+class PrefillRate:
+    alpha: float = 0.3
+    rate: float = 0.0                    # tokens per second; 0 until measured
+    _tokens: float | None = None
+    _seconds: float | None = None
+
+    def update(self, computed_tokens: float, prefill_seconds: float) -> float:
+        if (self._tokens is None or computed_tokens < self._tokens
+                or prefill_seconds < self._seconds):
+            self._tokens, self._seconds = computed_tokens, prefill_seconds
+            return self.rate
+        dt = prefill_seconds - self._seconds
+        dn = computed_tokens - self._tokens
+        if dt > 0 and dn > 0:
+            x = dn / dt
+            self.rate = x if self.rate <= 0 else (1 - self.alpha) * self.rate + self.alpha * x
+            self._tokens, self._seconds = computed_tokens, prefill_seconds
+        return self.rate

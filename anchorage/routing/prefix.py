@@ -37,6 +37,34 @@ from anchorage.routing.load import TOKENS_PER_REQUEST, is_imbalanced, load_score
 from anchorage.routing.prefix_index import PrefixIndex
 
 
+def cache_aware_pick(keys: Sequence, replicas: Sequence[ReplicaView], pos: Sequence[int],
+                     score: dict[int, float], index: PrefixIndex, default_capacity: int,
+                     cache_threshold: float = 0.3, balance_abs_threshold: float = 64,
+                     balance_rel_threshold: float = 1.5, matches: dict | None = None) -> int:
+    """Steps 1-3 of the spec over ``index`` with loads ``score`` (by position): the one
+    home of SGLang's rule, also the reference the ``agent`` router's guard compares to.
+    ``matches``: ``index.match(keys)`` when the caller has it already."""
+    by_load = score.__getitem__
+    if is_imbalanced(list(score.values()), balance_abs_threshold, balance_rel_threshold):
+        return min(pos, key=by_load)
+    if matches is None:
+        matches = index.match(keys)
+    if matches:
+        if len(pos) != len(replicas):
+            healthy = {replicas[p].index for p in pos}
+            matches = {i: m for i, m in matches.items() if i in healthy}
+        best = max(matches.values(), default=0)
+        if keys and best / len(keys) > cache_threshold:
+            return min((p for p in pos if matches.get(replicas[p].index, 0) == best),
+                       key=by_load)
+
+    def room(p: int) -> tuple:
+        r = replicas[p]
+        cap = r.capacity_blocks or default_capacity
+        return (-(cap - index.size(r.index)), score[p])
+    return min(pos, key=room)
+
+
 class PrefixRouter(Router):
     name = "prefix"
     #: the index follows the router's own decisions (False: only KV events feed it)
@@ -66,22 +94,10 @@ class PrefixRouter(Router):
     def pick(self, ctx: RequestContext, replicas: Sequence[ReplicaView]) -> int:
         pos = healthy_positions(replicas)
         self._sync_capacity(replicas)
-        tpr = self.tokens_per_request
-        score = {p: load_score(replicas[p], 1.0, tpr) for p in pos}
-        by_load = score.__getitem__
-        if is_imbalanced(list(score.values()), self.balance_abs_threshold, self.balance_rel_threshold):
-            return min(pos, key=by_load)
-        keys = ctx.keys
-        matches = self.index.match(keys)
-        best = max((matches.get(replicas[p].index, 0) for p in pos), default=0)
-        if keys and best / len(keys) > self.cache_threshold:
-            return min((p for p in pos if matches.get(replicas[p].index, 0) == best), key=by_load)
-
-        def room(p: int) -> tuple:
-            r = replicas[p]
-            cap = r.capacity_blocks or self._capacity
-            return (-(cap - self.index.size(r.index)), score[p])
-        return min(pos, key=room)
+        score = {p: load_score(replicas[p], 1.0, self.tokens_per_request) for p in pos}
+        return cache_aware_pick(ctx.keys, replicas, pos, score, self.index, self._capacity,
+                                self.cache_threshold, self.balance_abs_threshold,
+                                self.balance_rel_threshold)
 
     def on_start(self, ctx: RequestContext, replica: int) -> None:
         if self.model_inserts:

@@ -27,7 +27,8 @@ Warm-up: requests flagged ``warmup`` (``extra.warmup`` in the trace) or arriving
 carry ``ctx.warmup`` so policies do not learn from them.
 
 Routers: ``Router`` objects from ``anchorage.routing`` see a ``ReplicaView`` per replica
-(running, waiting, queued prefill tokens, KV usage, capacity; ``extra["anchors"]`` when the
+(running, waiting, queued prefill tokens, KV usage, capacity, the prefill rate of the
+profile's cost model for a 2,048-token chunk; ``extra["anchors"]`` when the
 replica's policy's ``anchor_labels()`` returns any) and are told ``on_start``/``on_finish``; routers
 that consume KV events get ``BlockStored``/``BlockRemoved`` from the replica's pool. The
 ``pooled`` mode is the placement reference: R schedulers share one pool of R times the
@@ -50,10 +51,18 @@ from anchorage.sim import span
 from anchorage.sim.engine import ADMISSIONS, Replica, SimRequest
 from anchorage.sim.programs import PROGRAM_GATES, make_gate
 from anchorage.sim.retention import ContinuumPins, PinParams
+from anchorage.sim.costmodel import step_time_s
 from anchorage.sim.profiles import HardwareProfile
 from anchorage.sim.report import measured_requests, summarize  # noqa: F401 (re-exported)
 from anchorage.sim.workload import Workload, build_workload  # noqa: F401 (re-exported)
 from anchorage.trace.format import TraceRecord
+
+
+def prefill_tokens_per_s(profile: HardwareProfile, chunk: int = 2048) -> float:
+    """The prefill rate a replica of ``profile`` shows a router: a ``chunk``-token prefill
+    with no context, in tokens per second of its cost model."""
+    t = step_time_s(profile, [(chunk, 0)])
+    return chunk / t if t > 0 else 0.0
 
 POOLED = "pooled"
 
@@ -194,7 +203,9 @@ class ClusterSim:
                                                    cfg.program_gate_params)
         if self.gate is not None:
             self.router = None  # the gate places programs itself
+        rate = prefill_tokens_per_s(cfg.profile)
         self.views = [ReplicaView(index=i, name=f"replica{i}", capacity_blocks=cap,
+                                  prefill_tokens_per_s=rate,
                                   extra={"max_load": cfg.profile.max_num_seqs})
                       for i in range(cfg.replicas)]
         self._first_token = _uses_first_token(self.router)

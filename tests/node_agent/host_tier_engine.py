@@ -254,6 +254,7 @@ def stall_reload(sync_load_max_ms: float | None = None, **_: Any) -> dict[str, A
         "fresh_first_token_step": fresh["first_token_step"],
         "worker_host_bytes": None if w is None else w.host_bytes,
         "metrics_text_at_start": metrics_text,
+        "metrics_text_at_end": prometheus_client.generate_latest().decode(),
     }
 
 

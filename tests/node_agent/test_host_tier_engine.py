@@ -13,7 +13,7 @@ import os
 import msgspec
 import pytest
 
-from anchorage.router.state import has_host_tier
+from anchorage.router.state import has_host_tier, prefill_counters
 from tests.node_agent.host_tier_engine import BS, run, slow
 
 
@@ -36,6 +36,9 @@ def test_a_prefix_evicted_during_a_tool_stall_comes_back_from_host_memory(tmp_pa
     assert r["first_token_step"] == 2 and r["fresh_first_token_step"] == 1
     # the router tells a tiered replica from its /metrics from the engine's start
     assert has_host_tier(r["metrics_text_at_start"])
+    # and its prefill rate from the engine's own counters (the agent policy's cost model)
+    computed, seconds = prefill_counters(r["metrics_text_at_end"])
+    assert computed > 0 and seconds > 0
     # host memory is bounded by cpu_bytes_to_use
     assert r["worker_host_bytes"] <= 8 << 20
     assert r["host"]["used_chunks"] <= r["host"]["capacity_chunks"]

@@ -91,6 +91,37 @@ def test_a_replica_exporting_offload_series_is_seen_as_keeping_a_host_tier():
     assert [u["host_tier"] for u in s.snapshot()] == [False, False]
 
 
+def test_each_replicas_prefill_rate_is_measured_from_its_counters():
+    s = state(policy="agent")
+    totals = {1: [0.0, 0.0, 0.0], 2: [0.0, 0.0, 0.0]}     # prompt, cached, prefill seconds
+    speed = {1: 40_000.0, 2: 10_000.0}
+
+    def handler(request):
+        if request.url.path != "/metrics":
+            return httpx.Response(200)
+        p, c, t = totals[request.url.port]
+        return httpx.Response(200, text=(
+            f'vllm:prompt_tokens_total{{engine="0"}} {p}\n'
+            f'vllm:prompt_tokens_cached_total{{engine="0"}} {c}\n'
+            f'vllm:request_prefill_time_seconds_sum{{engine="0"}} {t}\n'))
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as c:
+            await probe_once(s, c)
+    asyncio.run(go())
+    assert [v.prefill_tokens_per_s for v in s._views(list(s.upstreams.values()))] == [0, 0]
+    for port, tot in totals.items():         # 8,000 prompt tokens, 2,000 of them cached
+        tot[0] += 8000
+        tot[1] += 2000
+        tot[2] += 6000 / speed[port]
+    asyncio.run(go())
+    rates = [v.prefill_tokens_per_s for v in s._views(list(s.upstreams.values()))]
+    assert rates == pytest.approx([40_000.0, 10_000.0])
+    totals[1] = [10.0, 0.0, 0.001]           # engine restarted: counters went back
+    asyncio.run(go())
+    assert s._views(list(s.upstreams.values()))[0].prefill_tokens_per_s == pytest.approx(40_000.0)
+
+
 def test_membership_changes_keep_stable_ids():
     s = state(policy="agent")
     s.set_replicas(URLS[1:] + ["http://127.0.0.1:3"])
