@@ -6,9 +6,9 @@ A spec is one of:
   concurrency (or ``concurrency=``);
 - ``mooncake`` / ``mooncake-synthetic`` / ``chatdev[:<seed>]`` / ``weka[:<seed>]`` - the
   real traces under the traces directory (``default_traces_dir()``: ``$ANCHORAGE_TRACES``
-  when set, else the repository's ``data/traces``), converted on the fly; ChatDev's and WEKA's sessions are
-  interleaved over one hour with start offsets drawn from the seed (default 0); ``limit=``
-  keeps the first so many sessions;
+  when set, else the repository's ``data/traces``), converted on the fly; ChatDev's and
+  WEKA's sessions are interleaved over one hour with start offsets drawn from the seed
+  (default 0); ``limit=`` keeps the first so many sessions;
 - a path to an ``anchorage-trace/v1`` file.
 """
 

@@ -55,7 +55,8 @@ def test_sources_describe_every_folder():
                                                                        s["bytes_here"]), s["name"]
         assert len(s["commit"]) >= 40 and s["repo"] in md and s["license"] and s["redistribution"]
         assert any(p.name.startswith(("LICENSE", "LICENCE")) for p in d.iterdir()), s["name"]
-        assert f"`{s['local']}`" in md and f"{s['files_here']}, {s['bytes_here']:,}" in md, s["name"]
+        assert f"`{s['local']}`" in md, s["name"]
+        assert f"{s['files_here']}, {s['bytes_here']:,}" in md, s["name"]
 
 
 def test_default_traces_dir_is_the_repositorys_from_any_directory(tmp_path, monkeypatch):
@@ -100,7 +101,8 @@ def test_a_missing_trace_names_the_override(tmp_path, monkeypatch):
     # an installed (non-editable) package has no data/traces beside it: the same message
     monkeypatch.delenv("ANCHORAGE_TRACES")
     monkeypatch.setattr(workloads, "REPO_TRACES", tmp_path / "site-packages" / "data" / "traces")
-    with pytest.raises(workloads.WorkloadUnavailable, match=r"\$ANCHORAGE_TRACES or pass --traces-dir"):
+    with pytest.raises(workloads.WorkloadUnavailable,
+                       match=r"\$ANCHORAGE_TRACES or pass --traces-dir"):
         workloads.trace_path("weka_claude_code")
 
 
