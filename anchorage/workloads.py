@@ -5,10 +5,10 @@ A spec is one of:
   agents and ``DEFAULT_SESSIONS`` sessions (or ``sessions=``), the generator's default
   concurrency (or ``concurrency=``);
 - ``mooncake`` / ``mooncake-synthetic`` / ``chatdev[:<seed>]`` / ``weka[:<seed>]`` - the
-  real traces under the traces directory (default ``../shared/traces`` beside the checkout,
-  or ``$ANCHORAGE_TRACES``), converted on the fly; ChatDev's and WEKA's sessions are
-  interleaved over one hour with start offsets drawn from the seed (default 0); ``limit=``
-  keeps the first so many sessions;
+  real traces under the traces directory (``default_traces_dir()``: ``$ANCHORAGE_TRACES``
+  when set, else the repository's ``data/traces``), converted on the fly; ChatDev's and
+  WEKA's sessions are interleaved over one hour with start offsets drawn from the seed
+  (default 0); ``limit=`` keeps the first so many sessions;
 - a path to an ``anchorage-trace/v1`` file.
 """
 
@@ -29,15 +29,28 @@ class WorkloadUnavailable(LookupError):
     """The workload's data is not on this machine (message says where it was looked for)."""
 
 
+# The traces ship in the repository (data/traces, see its SOURCES.md), not in the wheel:
+# they are 5.5 MB that the serving images never read. The default is found from this file,
+# not the working directory, so the benchmarks and `anchorage bench` work from anywhere
+# in a clone; a non-editable install has no repository beside it and says so.
+REPO_TRACES = Path(__file__).resolve().parents[1] / "data" / "traces"
+TRACES_HINT = ("the traces ship in the repository's data/traces (a clone or an editable "
+               "install); elsewhere set $ANCHORAGE_TRACES or pass --traces-dir to a folder "
+               "with that layout")
+
+
 def default_traces_dir() -> Path:
+    """``$ANCHORAGE_TRACES`` when set, else the repository's ``data/traces``."""
     env = os.environ.get("ANCHORAGE_TRACES")
     if env:
         return Path(env)
-    here = Path(__file__).resolve().parents[1]
-    for cand in (here.parent / "shared" / "traces", Path.cwd().parent / "shared" / "traces"):
-        if cand.exists():
-            return cand
-    return here.parent / "shared" / "traces"
+    return REPO_TRACES
+
+
+def trace_path(rel: str, traces_dir: Path | None = None) -> Path:
+    """``rel`` under the traces directory; WorkloadUnavailable, naming where it looked and
+    how to point elsewhere, when it is not there."""
+    return _need((traces_dir or default_traces_dir()) / rel)
 
 
 def load(spec: str, traces_dir: Path | None = None, *, sessions: int | None = None,
@@ -80,8 +93,7 @@ def _seed(spec: str, text: str) -> int:
 
 def _need(path: Path) -> Path:
     if not path.exists():
-        raise WorkloadUnavailable(f"{path} not found (real traces are read from "
-                                  f"../shared/traces or $ANCHORAGE_TRACES)")
+        raise WorkloadUnavailable(f"{path} not found ({TRACES_HINT})")
     return path
 
 

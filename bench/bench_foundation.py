@@ -2,7 +2,7 @@
 
 Capacities 2, 5, 10 and 20 % of each trace's unique blocks; replay speed in requests/s and
 microseconds per block operation for both policies. Real traces are read from
-../shared/traces (or $ANCHORAGE_TRACES); a missing one is reported and skipped.
+data/traces (or $ANCHORAGE_TRACES); a missing one is reported and skipped.
 
     .venv/bin/python -m bench.bench_foundation [--workloads mooncake,chatdev,weka] [--out F]
 """

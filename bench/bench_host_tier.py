@@ -25,7 +25,7 @@ dedicated core, measured on a shared machine); each arm ``--reps`` times (defaul
 alternating the order, figures averaged.
 
 Simulator part (``--part sim``): one ``h200-llama3-8b`` replica (its default KV capacity,
-107 GB, 64-token blocks), real WEKA Claude Code sessions (``/work/shared/traces``,
+107 GB, 64-token blocks), real WEKA Claude Code sessions (``data/traces``,
 ``anchorage.trace.convert.weka``; a seeded sample, Poisson session starts), closed loop
 with the traces' tool times. Host tier: 256 GB per GPU (a 2 TB, 8-GPU H200 node: NVIDIA's
 DGX H200 has 2 TB of system memory), 25 GB/s each way (PCIe 5.0 x16 is 63 GB/s per
@@ -58,13 +58,12 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
+from anchorage.workloads import trace_path
 from bench import harness
 
 ROOT = harness.ROOT
 
-TRACES = Path(os.environ.get("ANCHORAGE_TRACES", "/work/shared/traces"))
 GB = 1e9
 SIM_ARMS = ("stock", "lru", "arc", "anchorage-policy", "anchorage", "oracle")
 ENGINE_ARMS = ("stock", "lru", "arc", "anchorage-policy", "anchorage")
@@ -84,7 +83,7 @@ def weka_sessions(n: int, seed: int, min_requests: int = 4):
     from anchorage.trace.convert.common import load_json
     from anchorage.trace.convert.weka import convert_session, session_files
 
-    files = session_files(str(TRACES / "weka_claude_code"))
+    files = session_files(str(trace_path("weka_claude_code")))
     rng = random.Random(seed)
     rng.shuffle(files)
     out, next_id = [], [0]

@@ -1,6 +1,6 @@
 """Block-pool replay speed: requests/s and microseconds per block operation, lru and belady.
 
-Workloads: the Mooncake conversation trace (../shared/traces or $ANCHORAGE_TRACES; said
+Workloads: the Mooncake conversation trace (data/traces or $ANCHORAGE_TRACES; said
 clearly and skipped when absent) and a generated multi-agent trace. Capacities: 5 % and
 20 % of each trace's unique blocks. A "block operation" is one block a request holds
 (touched on a hit or newly allocated, later freed): every block moves through allocate /

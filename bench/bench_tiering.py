@@ -10,7 +10,7 @@ arrives when the previous one completed plus its tool time, or 0.3 s think time)
 Clients label agents (``agent_hint`` = the trace's agent; TokenCake reads the agent graph
 from the application). Workloads:
 
-- ``weka``: WEKA Claude Code sessions (``weka_claude_code`` under ``../shared/traces`` or
+- ``weka``: WEKA Claude Code sessions (``weka_claude_code`` under ``data/traces`` or
   ``$ANCHORAGE_TRACES``, converter ``anchorage.trace.convert.weka``), a seeded sample,
   64-token blocks; KV capacity ``--weka-kv-gib`` (default 40 GiB);
 - ``gen``: the generator's ``selector`` multi-agent topology (6 agents, tool calls with
@@ -56,10 +56,9 @@ from anchorage.sim.replay import make_contexts
 from anchorage.tiering.host_tier import block_bytes
 from anchorage.tiering.sim import TieringConfig, run_tiered
 from anchorage.tiering.temporal import GateParams
-from anchorage.workloads import default_traces_dir
+from anchorage.workloads import trace_path
 from bench import harness
 
-TRACES = default_traces_dir()
 GIB = 1024 ** 3
 MODES = ("off", "tokencake", "naive")
 _WL: dict = {}
@@ -68,7 +67,7 @@ _WL: dict = {}
 def weka_records(sessions: int, seed: int):
     from anchorage.trace.convert.common import load_json
     from anchorage.trace.convert.weka import convert_session, session_files
-    files = session_files(str(TRACES / "weka_claude_code"))
+    files = session_files(str(trace_path("weka_claude_code")))
     pick = random.Random(seed).sample(files, min(sessions, len(files)))
     next_id = [0]
     return [convert_session(f, load_json(f), next_id) for f in pick], 64

@@ -1,6 +1,6 @@
 """The fleet benchmark's workloads: records, contexts and the block size to simulate them at.
 
-- ``weka``: real WEKA Claude Code sessions (``../shared/traces/weka_claude_code``, 710
+- ``weka``: real WEKA Claude Code sessions (``data/traces/weka_claude_code``, 710
   sessions), ``n`` sampled with the seed (all 710 when ``n`` >= 710, in seeded order),
   their own prompts, outputs and tool gaps (``anchorage.trace.convert.weka``; gaps above
   30 min, a human away, capped at 30 min as the CacheWise paper treats them as session
@@ -9,7 +9,7 @@
   key still stands for its whole prefix); ``merge`` 4 (256-token blocks) cuts the pool's
   work per request fourfold and loses at most 255 tokens of prefix hit per request
   (0.2 % of the mean 122k-token prompt).
-- ``swe``: the 22 SWE-agent trajectories (``../shared/traces/swe_agent``), converted with
+- ``swe``: the 22 SWE-agent trajectories (``data/traces/swe_agent``), converted with
   their measured tool times (39 of the calls); a call without a measurement gets the
   median measured time of its tool, else of all tools. ``n`` sessions are drawn from the
   22 with the seed; each copy keeps the blocks the trajectories share (system prompt and
@@ -33,7 +33,7 @@ from typing import Any
 
 from anchorage.sim.gaps import WEKA_TOOL_GAP_MS, match_tool_gaps
 from anchorage.sim.replay import make_contexts
-from anchorage.workloads import default_traces_dir
+from anchorage.workloads import trace_path
 
 WORKLOADS = ("weka", "swe", "gen", "mooncake")
 MAX_TOOL_GAP_MS = 1.8e6
@@ -44,7 +44,7 @@ _CACHE: dict = {}
 def _weka_sessions() -> list[tuple[str, Any]]:
     if "weka_files" not in _CACHE:
         from anchorage.trace.convert.weka import session_files
-        _CACHE["weka_files"] = session_files(str(default_traces_dir() / "weka_claude_code"))
+        _CACHE["weka_files"] = session_files(str(trace_path("weka_claude_code")))
     return _CACHE["weka_files"]
 
 
@@ -81,7 +81,7 @@ def _swe_templates():
     if "swe" not in _CACHE:
         from anchorage.trace.convert.common import ConvertOptions
         from anchorage.trace.convert.swe_agent import convert
-        _, recs = convert(str(default_traces_dir() / "swe_agent" / "trajectories.tar.xz"),
+        _, recs = convert(str(trace_path("swe_agent/trajectories.tar.xz")),
                           ConvertOptions())
         measured = [r.tool_duration_ms for r in recs if r.tool_duration_ms is not None]
         by_tool: dict = {}
@@ -133,7 +133,7 @@ def gen(n: int, seed: int, topology: str = "selector", merge: int = 4):
 def mooncake(n: int, seed: int):
     from anchorage.trace.convert.common import ConvertOptions
     from anchorage.trace.convert.mooncake import convert
-    _, recs = convert(str(default_traces_dir() / "mooncake" / "conversation_trace.jsonl.xz"),
+    _, recs = convert(str(trace_path("mooncake/conversation_trace.jsonl.xz")),
                       ConvertOptions())
     return recs, 512
 

@@ -12,7 +12,7 @@ oracle there. Pass 1 runs ``lru`` and records each request's arrival time; the t
 reordered by those times and the policies (``belady`` by default) run on it. The second
 run's closed loop still moves requests, so the result is an estimate, not a bound.
 
-``weka-sessions``: real WEKA Claude Code sessions (``../shared/traces/weka_claude_code``),
+``weka-sessions``: real WEKA Claude Code sessions (``data/traces/weka_claude_code``),
 2N sampled with the seed, 64-token blocks, the whole H200 memory per replica, session
 router, N session slots; tool gaps are the sessions' own (capped at 30 minutes, longer ones
 are a human away); a turn without a tool call follows after the think time. ``inf`` in the
@@ -130,7 +130,8 @@ def main() -> int:
     ws.add_argument("--seed", type=int, default=1)
     ws.add_argument("--sessions", type=int, default=0, help="default 2 x slots")
     ws.add_argument("--policies", default="lru,hybrid,inf")
-    ws.add_argument("--traces", default=str(default_traces_dir() / "weka_claude_code"))
+    ws.add_argument("--traces", default=str(default_traces_dir() / "weka_claude_code"),
+                    help="WEKA sessions folder (default: $ANCHORAGE_TRACES, else data/traces)")
     for p in (rb, ws):
         p.add_argument("--replicas", type=int, default=4)
         p.add_argument("--profile", default="h200-llama3-8b")

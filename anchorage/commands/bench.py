@@ -28,7 +28,9 @@ def register(sub) -> None:
                    help="skip the capacity where LRU gets half the infinite-cache rate")
     p.add_argument("--sessions", type=int, default=None,
                    help="sessions per generated workload (default: the generator's)")
-    p.add_argument("--traces-dir", default=None, help="real traces (default ../shared/traces)")
+    p.add_argument("--traces-dir", default=None,
+                   help="folder of the real traces (default: $ANCHORAGE_TRACES, else the "
+                        "repository's data/traces)")
     from anchorage.cli import add_json_args
 
     add_json_args(p, "the results")

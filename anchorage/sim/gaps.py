@@ -14,14 +14,14 @@ the tool itself take seconds even for a file read.
   statistics) of ``tool_duration_ms`` over the records that have one, ignoring gaps above
   ``cutoff_ms``. ValueError if there is no such gap or ``points`` < 2.
 - ``WEKA_TOOL_GAP_MS``: that table (101 points, ms) for the 710 real WEKA Claude Code
-  sessions in ``/work/shared/traces/weka_claude_code`` converted by
+  sessions in ``data/traces/weka_claude_code`` converted by
   ``anchorage.trace.convert.weka`` (a request's ``think_time`` becomes the previous
   request's tool gap when that one stopped for ``tool_use``), with ``cutoff_ms`` = 30 min:
   41,743 of 41,895 tool gaps; the 152 longer ones (up to 10.4 h) are a human away, which
   the CacheWise paper's replay treats as a session boundary (section 6.1). Median 8 s,
   p90 68 s, p99 604 s, mean 35.5 s. The data has 1 s resolution. Reproduce with
   ``tool_gap_quantiles(weka.convert(path, ConvertOptions())[1], cutoff_ms=1.8e6)``
-  (checked by ``tests/sim/test_gaps.py`` when the traces are present).
+  (checked by ``tests/sim/test_gaps.py`` on a fixed sample).
 - ``match_tool_gaps(records, quantiles) -> list[TraceRecord]``: rank-based quantile
   mapping. Of the n records with a tool gap, the k-th shortest (k = 0..n-1; ties keep
   record order) gets the target quantile at q = (k + 0.5) / n, linearly interpolated in

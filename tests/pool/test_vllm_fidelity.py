@@ -24,7 +24,7 @@ import pytest
 from anchorage.policies.base import RequestContext
 from anchorage.policies.lru import LRUPolicy
 from anchorage.pool.block_pool import BlockPool
-from tests.conftest import shared_trace
+from tests.conftest import repo_trace
 from tests.pool.vllm_side import VllmSide, vllm_kv  # noqa: F401 (fixture)
 from tests.pool.workload import Req, agent_workload, token_blocks
 
@@ -178,7 +178,7 @@ def test_lru_matches_vllm_on_mooncake(vllm_kv, max_running, capacity):
     block size scaled from 512 to 16 tokens, partial last blocks kept)."""
     from anchorage.trace.format import read_trace
 
-    header, records = read_trace(shared_trace("mooncake/conversation_trace.jsonl.xz"))
+    header, records = read_trace(repo_trace("mooncake/conversation_trace.jsonl.xz"))
     bs, scale = 16, header.block_size
     reqs = []
     for i, r in enumerate(records[:300]):

@@ -20,7 +20,7 @@ from anchorage.sim.gaps import (
     tool_gap_quantiles,
 )
 from anchorage.trace.format import TraceRecord
-from tests.conftest import REPO, shared_trace
+from tests.conftest import REPO, repo_trace
 
 
 def recs(durations):
@@ -78,7 +78,7 @@ def test_quantiles_and_bad_input():
 def test_weka_table_matches_the_real_traces():
     """A fixed sample (every 8th session, through the WEKA converter) has the table's
     shape; the full table is reproduced by the command in anchorage.sim.gaps (~1 min)."""
-    src = shared_trace("weka_claude_code/traces")
+    src = repo_trace("weka_claude_code/traces")
     from anchorage.trace.convert.common import load_json
     from anchorage.trace.convert.weka import convert_session, session_files
     next_id = [0]

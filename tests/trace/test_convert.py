@@ -1,6 +1,6 @@
 """Dataset converters into anchorage-trace/v1, on small fixtures written here that mimic
-each dataset's schema, plus one check per converter on the real file (../shared/traces,
-skipped with a message when absent)."""
+each dataset's schema, plus one check per converter on the real file (data/traces,
+committed: a missing one fails)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from anchorage.cli import main
 from anchorage.trace.convert import CONVERTERS, ConvertOptions, convert
 from anchorage.trace.format import TraceError, TraceReader, read_trace, write_trace
-from tests.conftest import shared_trace
+from tests.conftest import repo_trace
 
 
 def _xz_json(path, obj):
@@ -458,10 +458,10 @@ def test_cli_convert_errors(tmp_path, capsys, argv, problem):
 
 
 # ---------------------------------------------------------------------------------------
-# Real datasets (../shared/traces): counts from their README
+# Real datasets (data/traces, committed): counts from data/traces/SOURCES.md
 
 def test_real_mooncake():
-    src = shared_trace("mooncake/conversation_trace.jsonl.xz")
+    src = repo_trace("mooncake/conversation_trace.jsonl.xz")
     header, recs = convert("mooncake", src)
     assert len(recs) == 12_031 and header.block_size == 512
     from anchorage.sim.replay import infinite_hit_rate, make_contexts
@@ -471,7 +471,7 @@ def test_real_mooncake():
 def test_real_weka_first_sessions():
     """Full conversion takes minutes; the first 40 sessions are checked against a
     request count taken directly from the files."""
-    src = shared_trace("weka_claude_code/traces")
+    src = repo_trace("weka_claude_code/traces")
     header, recs = convert("weka", src, ConvertOptions(limit=40))
     from anchorage.trace.convert.common import load_json
     from anchorage.trace.convert.weka import session_files
@@ -490,7 +490,7 @@ def test_real_weka_first_sessions():
 
 
 def test_real_chatdev():
-    src = shared_trace("chatdev/derived/chatdev.jsonl.xz")
+    src = repo_trace("chatdev/derived/chatdev.jsonl.xz")
     _, recs = convert("chatdev", src)
     assert len(recs) == 1_905 and len({r.session_id for r in recs}) == 94
     roles = {r.agent for r in recs} - {"unmatched"}
@@ -500,7 +500,7 @@ def test_real_chatdev():
 
 
 def test_real_swe_agent():
-    src = shared_trace("swe_agent/trajectories.tar.xz")
+    src = repo_trace("swe_agent/trajectories.tar.xz")
     _, recs = convert("swe-agent", src)
     assert len({r.session_id for r in recs}) == 22
     assert sum(r.tool_duration_ms is not None for r in recs) == 39  # measured tool times
@@ -508,7 +508,7 @@ def test_real_swe_agent():
 
 
 def test_real_tracelab():
-    src = shared_trace("tracelab/example_sessions")
+    src = repo_trace("tracelab/example_sessions")
     _, recs = convert("tracelab", src)
     assert len(recs) == 19 and len({r.session_id for r in recs}) == 2
 
@@ -516,5 +516,5 @@ def test_real_tracelab():
 @pytest.mark.parametrize("name,count", [("AzureLLMInferenceTrace_code.csv", 8_819),
                                         ("AzureLLMInferenceTrace_conv.csv", 19_366)])
 def test_real_azure(name, count):
-    _, recs = convert("azure", shared_trace(f"azure_llm_2023/{name}"))
+    _, recs = convert("azure", repo_trace(f"azure_llm_2023/{name}"))
     assert len(recs) == count
