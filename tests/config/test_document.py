@@ -47,7 +47,7 @@ def test_router_gets_its_policy_and_parameters():
     assert r.router_kwargs() == {"seed": 1, "scorers": {"prefix": 2.0, "queue": 1.0}}
     router = make_router(r.policy, **r.router_kwargs())
     assert sorted(w for w, _ in router.scorers) == [1.0, 2.0]
-    assert RoutingSection("agent", {}, {"spread": 2.0}).problems() == []
+    assert RoutingSection("agent", {}, {"locality": 2.0}).problems() == []
     assert "bad parameters for router 'agent'" in RoutingSection("agent", {}, {"nope": 1}).problems()[0]
 
 
