@@ -49,14 +49,14 @@ block contents, renumbered by first appearance.
 
 from __future__ import annotations
 
-import bisect
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from anchorage.trace.blocks import ROOT, PrefixIds
+from anchorage.trace.blocks import PrefixIds
 from anchorage.trace.format import TraceHeader, TraceRecord
+from anchorage.trace.generate import _PromptChain
 
 TOPOLOGIES = ("hierarchical", "handoff", "pipeline", "debate", "fanout", "reflection",
               "subagent", "blackboard")
@@ -107,44 +107,18 @@ def draw_params(topology: str, seed: int) -> ScenarioParams:
         output_median=rng.randint(*RANGES["output_median"]))
 
 
-@dataclass
-class _Prompt:
-    """An append-only prompt: segments ``(key, tokens)``; its block ids are extended
-    incrementally (earlier full blocks keep their ids)."""
+class _Prompt(_PromptChain):
+    """An append-only prompt (the generator's chain of segments and incremental block ids:
+    the mechanism is shared, the prompt shapes are this module's)."""
 
-    keys: list[Any] = field(default_factory=list)
-    starts: list[int] = field(default_factory=list)
-    tokens: int = 0
-    chain: list[int] = field(default_factory=list)
-    seen: int = 0          # conversation segments already appended (shared histories)
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        super().__init__(0)
 
     def add(self, key: Any, tokens: int) -> "_Prompt":
-        if tokens > 0:
-            self.keys.append(key)
-            self.starts.append(self.tokens)
-            self.tokens += tokens
+        self.append(key, tokens)
         return self
-
-    def _content(self, lo: int, hi: int) -> tuple:
-        i = bisect.bisect_right(self.starts, lo) - 1
-        pieces, pos = [], lo
-        while pos < hi:
-            end = self.starts[i + 1] if i + 1 < len(self.starts) else self.tokens
-            take = min(hi, end) - pos
-            pieces.append((self.keys[i], pos - self.starts[i], take))
-            pos += take
-            i += 1
-        return tuple(pieces)
-
-    def hash_ids(self, ids: PrefixIds, bs: int) -> list[int]:
-        full = self.tokens // bs
-        for b in range(len(self.chain), full):
-            parent = self.chain[-1] if self.chain else ROOT
-            self.chain.append(ids.child(parent, self._content(b * bs, (b + 1) * bs)))
-        out = list(self.chain)
-        if self.tokens % bs:
-            out.append(ids.child(out[-1] if out else ROOT, self._content(full * bs, self.tokens)))
-        return out
 
 
 class _Builder:
