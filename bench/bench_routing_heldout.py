@@ -96,12 +96,15 @@ def verdict(r: dict) -> dict:
 
 
 def table(results: list[dict], routers: list[str]) -> str:
-    head = "| cell | " + " | ".join(routers + [REFERENCE]) + " | agent - prefix | p90 agent/prefix |"
-    lines = [head, "|" + "---|" * (len(routers) + 4)]
+    """Hit rate (%) per router and cell, agent's margins and TTFT p90 ratio."""
+    head = ("| cell | " + " | ".join(routers + [REFERENCE]) +
+            " | agent - prefix | agent - best peer | p90 agent / prefix |")
+    lines = [head, "|" + "---|" * (len(routers) + 5)]
     for r in results:
         v = verdict(r)
         hits = " | ".join(f"{100 * r['rows'][n]['hit_rate']:.1f}" for n in routers + [REFERENCE])
         lines.append(f"| {r['cell']} | {hits} | {v['agent_minus_prefix_points']:+.1f} | "
+                     f"{v['agent_minus_best_peer_points']:+.1f} ({v['best_peer']}) | "
                      f"{v['p90_ratio']:.2f} |")
     return "\n".join(lines)
 
