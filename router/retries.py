@@ -9,14 +9,18 @@ request's own failure must not eject healthy replicas):
   status and body (an engine's own 4xx/5xx, e.g. chat on a model without a chat
   template, or the 500 of an engine the request killed). Never retried, never a
   replica failure;
-- the connection broke after the request was sent (the replica died under it), a
-  non-streaming request is replayed once on another replica (so a killed engine loses no
-  request) and counts as a transport failure; a second such failure is a 502;
-- a non-streaming answer whose every choice ended with ``finish_reason: abort`` (vLLM
-  aborts the requests in flight when its engine shuts down, and answers 200 with nothing
-  generated): the same as a broken connection, replayed once on another replica (retry
-  reason ``aborted``) and a transport failure; a second such answer goes to the client as
-  it is;
+- the connection broke after the request was sent (the replica died under it, or the
+  request itself crashed or failed the engine) before any byte went to the client, or a
+  non-streaming answer whose every choice ended with ``finish_reason: abort`` (vLLM aborts
+  the requests in flight when its engine shuts down, and answers 200 with nothing
+  generated): the request is replayed once on another replica (retry reason
+  ``connection_lost`` / ``aborted``; a killed engine loses no request). Who is at fault
+  is decided by the replay: served there, the first replica is charged a transport
+  failure (``state.charge``); failing the same way there too, it is the request's fault:
+  the client gets a 502 error object (a second abort: the answer as it is), nothing is
+  retried further, and neither replica is charged (ejection needs failures of distinct
+  requests that succeed elsewhere: a client looping on a request that crashes engines
+  ejects none). With no other replica to replay on, the same 502, uncharged;
 - read timeout: 504, counted as a transport failure, not replayed (the replica may still
   be computing it).
 
@@ -44,7 +48,7 @@ BROKEN = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.Client
 async def send(core, p: Parsed, ctx, tpk: float, fwd: bytes, headers: dict) -> Any:
     state, cfg = core.state, core.cfg
     tried: list[int] = []
-    replayed = False
+    suspect: int | None = None       # the replica that dropped this request, not yet charged
     connect_failures = 0
     last_error = "no replica"
     prefer = core.pinned(p)
@@ -56,34 +60,44 @@ async def send(core, p: Parsed, ctx, tpk: float, fwd: bytes, headers: dict) -> A
         if d["status"] == "no_model":
             raise errors.model_not_found(p.model or "")
         if d["status"] != "ok":
+            if suspect is not None:  # dropped once, nowhere to replay: not charged
+                raise dropped(1)
             raise errors.unavailable(f"no healthy replica could serve the request ({last_error})")
         rid, url = d["replica"], d["url"]
         tried.append(rid)
         outcome, answer = await attempt(core, p, ctx, rid, url, d["predicted_tokens"], fwd, headers)
-        if outcome == "aborted" and not replayed:
-            replayed = True
-            state.retried(url, "aborted")
-            last_error = "aborted by the replica"
-            continue
+        if outcome in ("aborted", "upstream_error"):
+            if suspect is None:
+                suspect = rid
+                state.retried(url, "aborted" if outcome == "aborted" else "connection_lost")
+                last_error = "aborted by the replica" if outcome == "aborted" else "connection lost"
+                continue
+            # the same failure on a second replica: the request's fault (nobody charged)
+            if answer is not None:
+                return answer            # the second abort goes to the client as it is
+            raise dropped(2)
+        if suspect is not None and outcome in ("answered", "ok"):
+            state.charge(suspect)        # served elsewhere: the first replica failed it
+            suspect = None
         if answer is not None:
-            return answer                # answered (the second abort included)
+            return answer
         if outcome == "connect_error" and connect_failures < cfg.retries:
             connect_failures += 1
             state.retried(url, "connect")
             last_error = "connect error"
             continue
-        if outcome == "upstream_error" and not replayed and not p.stream:
-            replayed = True
-            state.retried(url, "connection_lost")
-            last_error = "connection lost"
-            continue
         if outcome == "timeout":
             raise errors.RouterError(504, "the replica did not answer in time", "timeout",
                                      "upstream_timeout", reason="upstream_timeout")
-        if outcome == "upstream_error":
-            raise errors.RouterError(502, "the replica failed while answering",
-                                     "upstream_error", "upstream_error", reason="upstream_error")
         raise errors.unavailable(f"no healthy replica could serve the request ({last_error})")
+
+
+def dropped(replicas: int) -> errors.RouterError:
+    """The answer to a request whose connection the replica(s) dropped without answering."""
+    where = "two replicas each" if replicas == 2 else "the replica"
+    return errors.RouterError(502, f"{where} dropped the connection while serving this "
+                              "request (it may crash or fail the engine); not retried further",
+                              "upstream_error", "upstream_error", reason="upstream_error")
 
 
 def aborted(content: bytes) -> bool:
@@ -103,11 +117,11 @@ async def attempt(core, p: Parsed, ctx, rid: int, url: str, predicted: int, fwd:
     state = core.state
     finished = False
 
-    def done(outcome: str, usage: Any = None) -> None:
+    def done(outcome: str, usage: Any = None, charge: bool | None = None) -> None:
         nonlocal finished
         if not finished:
             finished = True
-            state.finish(ctx, rid, outcome, usage, predicted, p.model)
+            state.finish(ctx, rid, outcome, usage, predicted, p.model, charge)
     try:
         try:
             resp = await core.session.post(url + p.path, data=fwd, headers=headers,
@@ -119,14 +133,14 @@ async def attempt(core, p: Parsed, ctx, rid: int, url: str, predicted: int, fwd:
             done("timeout")
             return "timeout", None
         except BROKEN:
-            done("upstream_error")
+            done("upstream_error", charge=False)     # charged once served elsewhere
             return "upstream_error", None
         ctype = resp.headers.get("content-type", "application/json")
         if p.stream and resp.status < 400:
             finished = True            # the relay reports the end from here on
             return "ok", relay.RelayResponse(
                 relay.relay_stream(resp, lambda o, u: state.finish(ctx, rid, o, u, predicted,
-                                                                   p.model),
+                                                                   p.model, False),
                                    lambda: state.first_byte(ctx, rid),
                                    p.path != "/v1/responses"),
                 status_code=resp.status, media_type=ctype)
@@ -136,13 +150,13 @@ async def attempt(core, p: Parsed, ctx, rid: int, url: str, predicted: int, fwd:
             done("timeout")
             return "timeout", None
         except BROKEN:
-            done("upstream_error")
+            done("upstream_error", charge=False)
             return "upstream_error", None
         finally:
             resp.release()
         status = resp.status
         if status == 200 and b'"abort"' in content and aborted(content):
-            done("upstream_error")
+            done("upstream_error", charge=False)
             return "aborted", Response(content, status_code=status, media_type=ctype)
         usage = answer_id = None
         if status < 400 and (p.path == "/v1/responses" or b'"usage"' in content):

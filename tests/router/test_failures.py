@@ -46,6 +46,45 @@ def test_a_request_that_killed_a_replica_is_not_replayed_on_the_next(router, clu
     assert sum(len(ns("upstream_requests", n)) for n in cluster["names"]) == 1
 
 
+def test_a_request_that_crashes_engines_is_answered_and_ejects_no_replica(router, cluster):
+    """Issue 45 item 1: a request every engine fails by dropping the connection (a chat an
+    engine cannot serve, which crashes it) is replayed once, then answered with a 502
+    error object, and charged to no replica; another client's valid requests keep being
+    served. Before, each drop counted against its replica: two such requests ejected two
+    of three replicas, the third went with the next one, and valid requests got 503."""
+    ns = router(policy="round_robin", eject_after_failures=2, health_interval_s=60)
+    names = cluster["names"]
+    for n in names:
+        ns("set_mode", n, "drop_marked")
+    crash = [999] + [5] * 31
+    for i in range(8):
+        before = sum(len(ns("upstream_requests", n)) for n in names)
+        r = completion(ns, crash)
+        assert r["status"] == 502, (i, r)
+        assert err(r)["type"] == "upstream_error", r
+        assert sum(len(ns("upstream_requests", n)) for n in names) - before == 2  # one replay
+        ok = completion(ns, [i + 1] * 32)                 # another client's valid request
+        assert ok["status"] == 200, (i, ok)
+    assert all(u["healthy"] for u in ns("state_snapshot")), ns("state_snapshot")
+    assert metric(ns, "anchorage_router_ejections_total") == 0
+    assert metric(ns, "anchorage_router_retries_total", reason="connection_lost") == 8
+    assert "dropped the connection" in err(r)["message"], r
+
+
+def test_a_replica_that_drops_requests_others_serve_is_ejected(router, cluster):
+    """The other side of item 1: drops of distinct requests that then succeed elsewhere
+    are the replica's fault, and eject it."""
+    ns = router(policy="round_robin", eject_after_failures=2, health_interval_s=60)
+    names, bad = cluster["names"], cluster["names"][0]
+    ns("set_mode", bad, "reset")
+    out = [completion(ns, [i + 1] * 32) for i in range(9)]
+    assert [r["status"] for r in out] == [200] * 9
+    assert all(served_by(r) != bad for r in out)
+    snap = {u["url"]: u for u in ns("state_snapshot")}
+    assert not snap[cluster["urls"][0]]["healthy"], snap
+    assert metric(ns, "anchorage_router_ejections_total") == 1
+
+
 def _drained(ns, timeout_s: float = 15.0) -> None:
     deadline = time.time() + timeout_s
     while any(u["inflight"] for u in ns("state_snapshot")):
