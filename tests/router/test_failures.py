@@ -141,6 +141,14 @@ LIMITS = [
     ({"json": {"prompt": [1] * 32, "anchorage": {"agent": "a" * 5000}}}, 400,
      "anchorage.agent is 5000"),
     ({"headers": {"x-big": "h" * 20000}, "json": {"prompt": [1] * 32}}, (400, 431), ""),
+    # issue 45 item 4: types checked strictly (vLLM's lax parser reads true as 1)
+    ({"json": {"model": "tiny", "prompt": [True, 3]}}, 400, "'prompt' must be"),
+    ({"json": {"model": "tiny", "prompt": [[1, 2], [True]]}}, 400, "'prompt' must be"),
+    ({"json": {"model": "tiny", "prompt": {"a": 1}}}, 400, "'prompt' must be"),
+    ({"json": {"model": "tiny", "prompt": [1] * 32, "anchorage": {"warmup": "yes"}}}, 400,
+     "anchorage.warmup must be a boolean"),
+    ({"json": {"model": "tiny", "prompt": [1] * 32, "stream": "yes"}}, 400,
+     "'stream' must be a boolean"),
 ]
 
 
