@@ -502,9 +502,11 @@ _POD: list = []
 _POD_DIRS: list[str] = []
 
 
-def start_router_pod(port: int, router: dict, timeout_s: float = 240) -> str:
-    """A router "pod" with its own Ray (``anchorage.stack.router_main``) on ``port``; its
-    HAProxy and replica ports are moved off the first Ray's."""
+def start_router_pod(port: int, router: dict, timeout_s: float = 240,
+                     moved: bool = True) -> str:
+    """A router "pod" with its own Ray (``anchorage.stack.router_main``) on ``port``; with
+    ``moved``, its Serve ports (replicas' direct ingress, fallback proxy) are moved off
+    the first Ray's; without, it runs on Ray's defaults, as a second local stack would."""
     import json as _json
     import subprocess
     import sys
@@ -515,14 +517,14 @@ def start_router_pod(port: int, router: dict, timeout_s: float = 240) -> str:
     with open(f"{d}/pod.json", "w") as f:
         _json.dump(spec, f)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_SERVE_"))}
-    env.update(HOME=d, RAY_USAGE_STATS_ENABLED="0", RAY_SERVE_HAPROXY_STATS_PORT="18404",
-               RAY_SERVE_HAPROXY_METRICS_PORT="19101",
-               RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT="32000",
-               RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT="33000",
-               RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT="42000",
-               RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT="43000",
-               RAY_SERVE_FALLBACK_PROXY_HTTP_PORT="18500",
-               RAY_SERVE_FALLBACK_PROXY_GRPC_PORT="19500")
+    env.update(HOME=d, RAY_USAGE_STATS_ENABLED="0")
+    if moved:
+        env.update(RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT="32000",
+                   RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT="33000",
+                   RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT="42000",
+                   RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT="43000",
+                   RAY_SERVE_FALLBACK_PROXY_HTTP_PORT="18500",
+                   RAY_SERVE_FALLBACK_PROXY_GRPC_PORT="19500")
     log = open(f"{d}/pod.log", "w")
     p = subprocess.Popen([sys.executable, "-m", "anchorage.stack.router_main", f"{d}/pod.json"],
                          env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -660,6 +662,28 @@ def wait_pod_answers(url: str, token: str, status: int = 200, times: int = 3,
             ok = 0
         time.sleep(0.1)
     return ok >= times
+
+
+def http_at(url: str, method: str, path: str, json: Any = None, headers: dict | None = None,
+            content: bytes | None = None, timeout: float = 30) -> dict[str, Any]:
+    """``http`` against another router (a pod at ``url``)."""
+    with httpx.Client(timeout=timeout) as c:
+        r = c.request(method, url + path, json=json, headers=headers, content=content)
+        return {"status": r.status_code, "headers": dict(r.headers), "text": r.text}
+
+
+def serve_delete() -> None:
+    """Delete the router app (the ingress then serves no route until the next deploy)."""
+    from ray import serve
+    serve.delete("anchorage-router")
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            if httpx.get(ROUTER + "/livez", timeout=2).status_code == 404:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
 
 
 def pod_metric(url: str, name: str) -> float:

@@ -304,19 +304,55 @@ def test_two_router_replicas_share_their_decisions(router, cluster):
 
 
 def test_the_local_router_listens_on_loopback_only(router, cluster):
-    """Serve's HAProxy template binds its stats (8404) and Prometheus (9101) listeners on
-    every interface; a local router (``hosting_env``) binds every HAProxy listener to
-    loopback, and the router replicas serve HTTP on loopback. (Ray Serve binds each
-    replica's inter-deployment gRPC server to ``[::]:0`` in code, with no setting: the
-    one IPv6 wildcard left, tracked with Ray's other sockets in issue 21 item 6.)"""
+    """Serve's HAProxy template binds its stats page (8404, no authentication) and its
+    Prometheus exporter (9101) on every interface; a local router (``hosting_env``: the
+    wrapper of ``router.ingress``) runs HAProxy without them (issue 45 item 6), its
+    frontend on loopback, and the router replicas serve HTTP on loopback. (Ray Serve
+    binds each replica's inter-deployment gRPC server to ``[::]:0`` in code, with no
+    setting: the one IPv6 wildcard left, tracked with Ray's other sockets in issue 21
+    item 6.)"""
     ns = router(policy="round_robin")
     socks = ns("listening_sockets")
     ingress = [s for s in socks if "haproxy" in s["cmd"]]
-    assert {8000, 8404, 9101} <= {s["port"] for s in ingress}, socks
+    assert 8000 in {s["port"] for s in ingress}, socks
+    assert not {8404, 9101} & {s["port"] for s in socks}, ingress
     assert [s for s in ingress if not _loopback(s["addr"])] == [], ingress
     replica = [s for s in socks if "ServeReplica" in s["cmd"]]
     assert any(_loopback(s["addr"]) for s in replica), socks
     assert [s for s in replica if s["addr"] == "0.0.0.0"] == [], replica
+
+
+def test_two_local_routers_on_one_machine_do_not_clash(cluster):
+    """Issue 45 item 6: two more routers with their own Ray and HAProxy, beside the session's,
+    on Ray's default ports apart from their HTTP port (as a second `anchorage up` on the
+    same machine): all three serve. Before, the second HAProxy could not bind 8404."""
+    ns = cluster["ns"]
+    ns("reset_upstreams")
+    spec = {**BASE, "replicas": cluster["urls"], "policy": "round_robin"}
+    try:
+        pods = [ns("start_router_pod", port, spec, moved=False) for port in (8100, 8200)]
+        for url in pods:
+            r = ns("http_at", url, "POST", "/v1/completions",
+                   json={"model": "tiny", "prompt": [3] * 32, "max_tokens": 1})
+            assert r["status"] == 200, (url, r)
+        haproxies = [s for s in ns("listening_sockets") if "haproxy" in s["cmd"]]
+        assert {8100, 8200} <= {s["port"] for s in haproxies}, haproxies
+        assert not {8404, 9101} & {s["port"] for s in haproxies}, haproxies
+    finally:
+        ns("stop_router_pods")
+
+
+def test_the_ingress_answers_its_own_errors_with_error_objects(router, cluster):
+    """Issue 45 item 3, the errors HAProxy answers itself after parsing a request: no app
+    deployed (a router restarting) is Serve's text/plain 404, now an OpenAI error object;
+    so is Serve's /-/healthz 503 and its 502-504 (text/plain 500 before)."""
+    ns = router(policy="round_robin")
+    ns("serve_delete")
+    r = ns("http", "POST", "/v1/completions", json={"model": "tiny", "prompt": [1] * 32})
+    assert r["status"] == 404 and r["headers"]["content-type"] == "application/json", r
+    assert set(err(r)) == {"message", "type", "param", "code"}
+    h = ns("http", "GET", "/-/healthz")
+    assert h["headers"]["content-type"] == "application/json" or h["status"] < 400, h
 
 
 def _loopback(addr: str) -> bool:
