@@ -23,7 +23,7 @@ import uuid
 from typing import Any
 
 import aiohttp
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from anchorage.policies.base import RequestContext
@@ -159,28 +159,51 @@ class RouterCore:
 
     # -- the request pipeline ---------------------------------------------------------
     async def handle(self, request: Request, path: str) -> Response:
-        cfg = self.cfg
+        """One request, counted once in ``requests_total`` whatever its end: its last
+        attempt's outcome, ``rejected`` (refused by the router before any replica),
+        ``cancelled`` (the client left before any replica, e.g. while its body was read),
+        ``server_error`` (the router failed); a stream when its relay ends."""
+        tally = retries.Tally()
         try:
-            limits.check_headers(request.scope["headers"], cfg)
-            raw = await limits.read_body(request.stream(), cfg,
-                                         request.headers.get("content-length"))
-            headers = request.headers
-            p = parsing.parse(path, raw, headers, cfg)
-            keys, in_len, tpk = request_keys(p, cfg, self.tokenizer)
-            m = p.meta
-            ctx = RequestContext(request_id=next(self._ids), keys=keys, input_length=in_len,
-                                 now_s=time.monotonic(), session_id=m.session_id,
-                                 tenant=m.tenant, tool_name=m.tool_name, tool_args=m.tool_args,
-                                 agent_hint=m.agent, warmup=m.warmup)
-            fwd = forward_body(p)
-            up_headers = {"content-type": "application/json", **self._auth,
-                          "accept": headers.get("accept", "application/json")}
-            if p.stream:           # Starlette ends a stream whose client left
-                return await retries.send(self, p, ctx, tpk, fwd, up_headers)
-            return await until_disconnect(request.receive,
-                                          retries.send(self, p, ctx, tpk, fwd, up_headers))
+            return await self._handle(request, path, tally)
         except RouterError as exc:
+            if tally.outcome is None:
+                tally.outcome = "rejected"
             return self.error(exc)
+        except ClientDisconnect:       # left while its body was read: nobody to answer
+            tally.outcome = tally.outcome or "cancelled"
+            return Response(CLIENT_LEFT, status_code=499, media_type="application/json")
+        except BaseException as exc:
+            if tally.outcome is None:
+                tally.outcome = ("cancelled" if isinstance(exc, asyncio.CancelledError)
+                                 else "server_error")
+            raise
+        finally:
+            if not tally.deferred:
+                self.state.count_request(tally.replica, tally.model,
+                                         tally.outcome or "cancelled")
+
+    async def _handle(self, request: Request, path: str, tally) -> Response:
+        cfg = self.cfg
+        limits.check_headers(request.scope["headers"], cfg)
+        raw = await limits.read_body(request.stream(), cfg,
+                                     request.headers.get("content-length"))
+        headers = request.headers
+        p = parsing.parse(path, raw, headers, cfg)
+        tally.model = p.model
+        keys, in_len, tpk = request_keys(p, cfg, self.tokenizer)
+        m = p.meta
+        ctx = RequestContext(request_id=next(self._ids), keys=keys, input_length=in_len,
+                             now_s=time.monotonic(), session_id=m.session_id,
+                             tenant=m.tenant, tool_name=m.tool_name, tool_args=m.tool_args,
+                             agent_hint=m.agent, warmup=m.warmup)
+        fwd = forward_body(p)
+        up_headers = {"content-type": "application/json", **self._auth,
+                      "accept": headers.get("accept", "application/json")}
+        if p.stream:           # Starlette ends a stream whose client left
+            return await retries.send(self, p, ctx, tpk, fwd, up_headers, tally)
+        return await until_disconnect(request.receive,
+                                      retries.send(self, p, ctx, tpk, fwd, up_headers, tally))
 
     def error(self, exc: RouterError) -> Response:
         if exc.reason:

@@ -25,7 +25,8 @@ request's own failure must not eject healthy replicas):
   be computing it).
 
 Every attempt ends in exactly one ``finish`` (cancellation included: a client that gives
-up frees its slot at once).
+up frees its slot at once), and every request in one ``requests_total`` sample: its last
+attempt's outcome (``Tally``; ``core.handle`` counts those that reach no replica).
 """
 
 from __future__ import annotations
@@ -45,8 +46,24 @@ BROKEN = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.Client
           aiohttp.ClientConnectionError)
 
 
-async def send(core, p: Parsed, ctx, tpk: float, fwd: bytes, headers: dict) -> Any:
+class Tally:
+    """One request's line in ``anchorage_router_requests_total``: the replica and outcome
+    of its last attempt (``replica`` None: it reached none), counted once when the request
+    ends (``core.handle``; a stream's when its relay ends)."""
+
+    __slots__ = ("replica", "model", "outcome", "deferred")
+
+    def __init__(self) -> None:
+        self.replica: int | None = None
+        self.model: str | None = None
+        self.outcome: str | None = None
+        self.deferred = False          # a stream: its relay counts it
+
+
+async def send(core, p: Parsed, ctx, tpk: float, fwd: bytes, headers: dict,
+               tally: Tally | None = None) -> Any:
     state, cfg = core.state, core.cfg
+    tally = tally if tally is not None else Tally()
     tried: list[int] = []
     suspect: int | None = None       # the replica that dropped this request, not yet charged
     connect_failures = 0
@@ -65,7 +82,8 @@ async def send(core, p: Parsed, ctx, tpk: float, fwd: bytes, headers: dict) -> A
             raise errors.unavailable(f"no healthy replica could serve the request ({last_error})")
         rid, url = d["replica"], d["url"]
         tried.append(rid)
-        outcome, answer = await attempt(core, p, ctx, rid, url, d["predicted_tokens"], fwd, headers)
+        outcome, answer = await attempt(core, p, ctx, rid, url, d["predicted_tokens"], fwd,
+                                        headers, tally)
         if outcome in ("aborted", "upstream_error"):
             if suspect is None:
                 suspect = rid
@@ -112,16 +130,20 @@ def aborted(content: bytes) -> bool:
 
 
 async def attempt(core, p: Parsed, ctx, rid: int, url: str, predicted: int, fwd: bytes,
-                  headers: dict) -> tuple[str, Any]:
-    """(outcome, response or None when the caller should decide on a retry)."""
+                  headers: dict, tally: Tally) -> tuple[str, Any]:
+    """(outcome, response or None when the caller should decide on a retry). The attempt's
+    end goes to the routing state once (``finish``, not counted per attempt) and to
+    ``tally``; a stream's end, from its relay, is counted there."""
     state = core.state
     finished = False
+    tally.replica, tally.outcome = rid, None
 
     def done(outcome: str, usage: Any = None, charge: bool | None = None) -> None:
         nonlocal finished
         if not finished:
             finished = True
-            state.finish(ctx, rid, outcome, usage, predicted, p.model, charge)
+            tally.outcome = outcome
+            state.finish(ctx, rid, outcome, usage, predicted, p.model, charge, count=False)
     try:
         try:
             resp = await core.session.post(url + p.path, data=fwd, headers=headers,
@@ -138,12 +160,17 @@ async def attempt(core, p: Parsed, ctx, rid: int, url: str, predicted: int, fwd:
         ctype = resp.headers.get("content-type", "application/json")
         if p.stream and resp.status < 400:
             finished = True            # the relay reports the end from here on
+            tally.deferred = True
+
+            def stream_end(o: str, u: Any) -> None:     # once: the relay's end, or unsent
+                if tally.outcome is None:
+                    tally.outcome = o
+                    state.finish(ctx, rid, o, u, predicted, p.model, False)   # counted
             return "ok", relay.RelayResponse(
-                relay.relay_stream(resp, lambda o, u: state.finish(ctx, rid, o, u, predicted,
-                                                                   p.model, False),
-                                   lambda: state.first_byte(ctx, rid),
+                relay.relay_stream(resp, stream_end, lambda: state.first_byte(ctx, rid),
                                    p.path != "/v1/responses"),
-                status_code=resp.status, media_type=ctype)
+                status_code=resp.status, media_type=ctype,
+                on_close=lambda: (stream_end("cancelled", None), resp.release()))
         try:
             content = await resp.read()
         except READ_TIMEOUTS:

@@ -278,14 +278,17 @@ class RoutingState:
 
     def finish(self, ctx: RequestContext, replica: int, outcome: str,
                usage: dict[str, Any] | None = None, predicted_tokens: int = 0,
-               model: str | None = None, charge: bool | None = None) -> None:
+               model: str | None = None, charge: bool | None = None,
+               count: bool = True) -> None:
         """A request attempt ended. ``outcome``: ok, client_error (4xx answer),
         server_error (5xx answer: the request's failure, not the replica's), connect_error
         (never reached it), upstream_error (connection lost after sending), timeout,
         cancelled (the client left). ``charge``: whether a transport failure counts
         against the replica now (default: every one does); the request path passes False
         for a dropped connection, which is charged later (``charge``) only once the same
-        request succeeded on another replica (``retries``)."""
+        request succeeded on another replica (``retries``). ``count``: the attempt is its
+        request's end, counted in ``requests_total`` (the request path counts each request
+        once itself, ``count_request``)."""
         self.first_byte(ctx, replica)
         up = self.upstreams.get(replica)
         url = (up.name or up.url) if up else "removed"   # (its series were deleted with it)
@@ -297,7 +300,8 @@ class RoutingState:
             elif outcome in TRANSPORT_FAILURES and (charge is None or charge):
                 self._failure(up)
         mt = self.metrics
-        mt.child(mt.requests, url, self.policy_for(model), outcome).inc()
+        if count:
+            mt.child(mt.requests, url, self.policy_for(model), outcome).inc()
         if outcome == "ok":
             mt.child(mt.predicted, url).inc(predicted_tokens)
             if usage:
@@ -305,6 +309,18 @@ class RoutingState:
                 cached = details.get("cached_tokens") if isinstance(details, dict) else 0
                 mt.child(mt.observed, url).inc(int(cached or 0))
                 mt.child(mt.prompt, url).inc(int(usage.get("prompt_tokens") or 0))
+
+    def count_request(self, replica: int | None, model: str | None, outcome: str) -> None:
+        """A request ended: one ``requests_total`` sample, labelled with the replica of its
+        last attempt (``none``: it reached no replica, e.g. ``rejected`` by the router or
+        ``cancelled`` while its body was read)."""
+        if replica is None:
+            label = "none"
+        else:
+            up = self.upstreams.get(replica)
+            label = (up.name or up.url) if up else "removed"
+        mt = self.metrics
+        mt.child(mt.requests, label, self.policy_for(model), outcome).inc()
 
     def charge(self, replica: int) -> None:
         """A transport failure of ``replica`` confirmed after the fact: the request whose

@@ -411,6 +411,19 @@ def http_partial_body(path: str, declared: int, sent: bytes, wait_s: float = 10)
         s.close()
 
 
+def http_partial_then_leave(path: str, n: int, sent: bytes = b'{"prompt": [1,',
+                            declared: int = 100, stay_s: float = 0.3) -> None:
+    """``n`` clients send headers and part of a body, then close their connection."""
+    import socket
+    socks = [socket.create_connection(("127.0.0.1", 8000), timeout=10) for _ in range(n)]
+    for s in socks:
+        s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {declared}\r\n\r\n".encode() + sent)
+    time.sleep(stay_s)
+    for s in socks:
+        s.close()
+
+
 def statuses_of_replicas(tries: int = 12) -> list[dict]:
     """``status`` of each router replica reached in ``tries`` handle calls."""
     seen = {}

@@ -133,6 +133,45 @@ def test_a_client_that_leaves_aborts_its_upstream_request(router, cluster):
     assert metric(ns, "anchorage_router_requests_total", outcome="cancelled") == 3
 
 
+def test_every_request_is_counted_once_with_one_outcome(router, cluster):
+    """Issue 45 item 7: ``requests_total`` counts every request exactly once, with the
+    outcome it ended in: served, refused by the router, replayed after a drop (one sample,
+    not one per attempt), and abandoned in every way a client can leave: while its body is
+    read, while the replica computes, mid-stream. Before, the refused and the abandoned
+    mid-body were not counted and a replayed request counted twice."""
+    ns = router(policy="round_robin", body_timeout_s=1.0, health_interval_s=60)
+    names = cluster["names"]
+    total = lambda **kw: metric(ns, "anchorage_router_requests_total", **kw)  # noqa: E731
+    before = total()
+    for i in range(3):
+        assert completion(ns, [i + 1] * 32)["status"] == 200                     # ok x3
+    assert completion(ns, [True, 3])["status"] == 400                            # rejected
+    assert ns("http", "POST", "/v1/completions", content=b"{no")["status"] == 400  # rejected
+    ns("http_partial_body", "/v1/completions", 100, b'{"prompt": [1,')          # 408: rejected
+    ns("set_mode", names[0], "drop_marked")
+    ns("set_mode", names[1], "drop_marked")
+    ns("set_mode", names[2], "drop_marked")
+    assert completion(ns, [999] + [5] * 31)["status"] == 502                     # upstream_error
+    ns("http_partial_then_leave", "/v1/completions", 2)                          # cancelled x2
+    for n in names:
+        ns("set_mode", n, "slow", 10.0)
+    assert ns("http_sent_then_leave", 2, "/v1/completions",
+              {"model": "tiny", "prompt": [7] * 32, "max_tokens": 1}) == 2       # cancelled x2
+    for n in names:
+        ns("set_mode", n, "slow_stream", 1.0)
+    ns("http_stream_then_leave", "/v1/completions",
+       {"model": "tiny", "prompt": [8] * 32, "max_tokens": 3, "stream": True})  # cancelled
+    want = {"ok": 3, "rejected": 3, "upstream_error": 1, "cancelled": 5}
+    deadline = time.time() + 20
+    while True:
+        got = {o: total(outcome=o) for o in want}
+        if got == want and total() - before == sum(want.values()) or time.time() > deadline:
+            break
+        time.sleep(0.3)
+    assert got == want and total() - before == sum(want.values()), (got, total() - before)
+    assert total(outcome="cancelled", replica="none") == 2     # they reached no replica
+
+
 LIMITS = [
     ({"headers": {"x-session-id": "s" * 1000}}, 400, "the session id is 1000 characters"),
     ({"json": {"model": "tiny", "prompt": [1] * 32, "n": 1000}}, 400, "'n' must be"),
