@@ -50,6 +50,8 @@ class RouterCore:
                       if cfg.upstream_api_key else {})
         self.responses = BoundedLRU(100_000, 32 << 20)    # response id -> replica URL
         self.session: aiohttp.ClientSession | None = None
+        # replays after a dropped connection: a new connection each (``retries``)
+        self.fresh_session: aiohttp.ClientSession | None = None
         self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout_s,
                                              sock_read=cfg.read_timeout_s)
         self.sync = None
@@ -64,6 +66,8 @@ class RouterCore:
         cfg = self.cfg
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(
             limit=cfg.max_connections, limit_per_host=cfg.max_connections, ttl_dns_cache=300))
+        self.fresh_session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(
+            limit=cfg.max_connections, force_close=True, ttl_dns_cache=300))
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(health.health_loop(self.state, self._auth)))
         if cfg.peers or cfg.peer_selector:
@@ -147,6 +151,8 @@ class RouterCore:
             self._kv.stop()
         if self.session is not None:
             await self.session.close()
+        if self.fresh_session is not None:
+            await self.fresh_session.close()
 
     # -- responses API: a follow-up goes where its previous response is stored ---------
     def pinned(self, p: parsing.Parsed) -> str | None:

@@ -20,7 +20,11 @@ request's own failure must not eject healthy replicas):
   the client gets a 502 error object (a second abort: the answer as it is), nothing is
   retried further, and neither replica is charged (ejection needs failures of distinct
   requests that succeed elsewhere: a client looping on a request that crashes engines
-  ejects none). With no other replica to replay on, the same 502, uncharged;
+  ejects none). With no other replica to replay on, the same 502, uncharged. The replay
+  goes over a new connection: an engine that closes its connection after an answer
+  (vLLM's server does after an error it did not handle, e.g. chat without a tokenizer)
+  leaves a pooled connection that fails the next request sent on it, and a valid request
+  meeting two of those was a 502;
 - read timeout: 504, counted as a transport failure, not replayed (the replica may still
   be computing it).
 
@@ -83,7 +87,7 @@ async def send(core, p: Parsed, ctx, tpk: float, fwd: bytes, headers: dict,
         rid, url = d["replica"], d["url"]
         tried.append(rid)
         outcome, answer = await attempt(core, p, ctx, rid, url, d["predicted_tokens"], fwd,
-                                        headers, tally)
+                                        headers, tally, fresh=suspect is not None)
         if outcome in ("aborted", "upstream_error"):
             if suspect is None:
                 suspect = rid
@@ -130,7 +134,7 @@ def aborted(content: bytes) -> bool:
 
 
 async def attempt(core, p: Parsed, ctx, rid: int, url: str, predicted: int, fwd: bytes,
-                  headers: dict, tally: Tally) -> tuple[str, Any]:
+                  headers: dict, tally: Tally, fresh: bool = False) -> tuple[str, Any]:
     """(outcome, response or None when the caller should decide on a retry). The attempt's
     end goes to the routing state once (``finish``, not counted per attempt) and to
     ``tally``; a stream's end, from its relay, is counted there."""
@@ -146,8 +150,9 @@ async def attempt(core, p: Parsed, ctx, rid: int, url: str, predicted: int, fwd:
             state.finish(ctx, rid, outcome, usage, predicted, p.model, charge, count=False)
     try:
         try:
-            resp = await core.session.post(url + p.path, data=fwd, headers=headers,
-                                           timeout=core.timeout)
+            session = core.fresh_session if fresh and core.fresh_session else core.session
+            resp = await session.post(url + p.path, data=fwd, headers=headers,
+                                      timeout=core.timeout)
         except CONNECT_ERRORS:
             done("connect_error")
             return "connect_error", None
