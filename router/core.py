@@ -64,8 +64,11 @@ class RouterCore:
     # -- background --------------------------------------------------------------------
     async def start(self, peer_log=None) -> None:
         cfg = self.cfg
+        reuse = aiohttp.TraceConfig()       # marks a request sent on a pooled connection
+        reuse.on_connection_reuseconn.append(_mark_reused)
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(
-            limit=cfg.max_connections, limit_per_host=cfg.max_connections, ttl_dns_cache=300))
+            limit=cfg.max_connections, limit_per_host=cfg.max_connections, ttl_dns_cache=300),
+            trace_configs=[reuse])
         self.fresh_session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(
             limit=cfg.max_connections, force_close=True, ttl_dns_cache=300))
         loop = asyncio.get_running_loop()
@@ -239,6 +242,11 @@ class RouterCore:
                 "config": self.config_watch.status() if self.config_watch else None,
                 "pods": self.pods.status() if self.pods else None,
                 "policy": self.cfg.policy}
+
+
+async def _mark_reused(session, trace_ctx, params) -> None:  # noqa: ARG001 - aiohttp's
+    if isinstance(trace_ctx.trace_request_ctx, dict):
+        trace_ctx.trace_request_ctx["reused"] = True
 
 
 async def freeze_after(delay_s: float) -> None:

@@ -24,7 +24,10 @@ request's own failure must not eject healthy replicas):
   goes over a new connection: an engine that closes its connection after an answer
   (vLLM's server does after an error it did not handle, e.g. chat without a tokenizer)
   leaves a pooled connection that fails the next request sent on it, and a valid request
-  meeting two of those was a 502;
+  meeting two of those was a 502. A request that fails that way on a pooled connection
+  before any answer is first sent again at once to the same replica over a new connection
+  (retry reason ``stale_connection``), within the same attempt: no replica is charged
+  for a connection the server had closed;
 - read timeout: 504, counted as a transport failure, not replayed (the replica may still
   be computing it).
 
@@ -151,8 +154,16 @@ async def attempt(core, p: Parsed, ctx, rid: int, url: str, predicted: int, fwd:
     try:
         try:
             session = core.fresh_session if fresh and core.fresh_session else core.session
-            resp = await session.post(url + p.path, data=fwd, headers=headers,
-                                      timeout=core.timeout)
+            trace: dict = {}
+            try:
+                resp = await session.post(url + p.path, data=fwd, headers=headers,
+                                          timeout=core.timeout, trace_request_ctx=trace)
+            except BROKEN:
+                if not trace.get("reused") or core.fresh_session is None:
+                    raise
+                state.retried(url, "stale_connection")     # the server had closed it
+                resp = await core.fresh_session.post(url + p.path, data=fwd, headers=headers,
+                                                     timeout=core.timeout)
         except CONNECT_ERRORS:
             done("connect_error")
             return "connect_error", None
