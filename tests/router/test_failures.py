@@ -58,11 +58,14 @@ def test_a_request_that_crashes_engines_is_answered_and_ejects_no_replica(router
         ns("set_mode", n, "drop_marked")
     crash = [999] + [5] * 31
     for i in range(8):
-        before = sum(len(ns("upstream_requests", n)) for n in names)
+        before = [len(ns("upstream_requests", n)) for n in names]
         r = completion(ns, crash)
         assert r["status"] == 502, (i, r)
         assert err(r)["type"] == "upstream_error", r
-        assert sum(len(ns("upstream_requests", n)) for n in names) - before == 2  # one replay
+        sent = [len(ns("upstream_requests", n)) - b for n, b in zip(names, before)]
+        # one replay on another replica (plus, when the first attempt went over a pooled
+        # connection, its one resend there over a new connection: stale_connection)
+        assert sum(1 for k in sent if k) == 2 and sum(sent) <= 3, sent
         ok = completion(ns, [i + 1] * 32)                 # another client's valid request
         assert ok["status"] == 200, (i, ok)
     assert all(u["healthy"] for u in ns("state_snapshot")), ns("state_snapshot")
