@@ -11,7 +11,8 @@ admission (429 when every healthy replica of the model is at
 ``max_inflight_per_replica``), passive health (ejection after ``eject_after_failures``
 transport failures or timeouts of distinct requests, none in between answered; an answer,
 even a 5xx, is the replica working; a dropped connection counts only once the same request
-succeeded on another replica, so a request that crashes engines ejects none) with readmission on a good probe (``health``), which
+succeeded on another replica, so a request that crashes engines ejects none) with
+readmission on a good probe (``health``), which
 forgets the policy's model of that replica (its cache was lost), and the metrics. Plain
 Python: unit-testable without Ray.
 
