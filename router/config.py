@@ -43,7 +43,9 @@ class RouterConfig:
     max_tool_args_chars: int = 8192        # anchorage.tool_args, as JSON text
     max_n: int = 16                        # n and best_of
     max_json_depth: int = 64
-    body_timeout_s: float = 30.0           # the whole body must arrive within this (408)
+    # the whole body must arrive within this (408; a client that stops part-way holds no
+    # connection); a local router's HAProxy gives the headers the same time (router/ingress.py)
+    body_timeout_s: float = 5.0
     vocab_size: int = 0                    # token ids must be < this (0: unchecked)
     vocab_sizes: dict[str, int] = field(default_factory=dict)   # per served model name
     max_inflight_per_replica: int = 64     # every healthy replica at this -> 429

@@ -23,7 +23,7 @@ import uuid
 from typing import Any
 
 import aiohttp
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from anchorage.policies.base import RequestContext
@@ -50,6 +50,8 @@ class RouterCore:
                       if cfg.upstream_api_key else {})
         self.responses = BoundedLRU(100_000, 32 << 20)    # response id -> replica URL
         self.session: aiohttp.ClientSession | None = None
+        # replays after a dropped connection: a new connection each (``retries``)
+        self.fresh_session: aiohttp.ClientSession | None = None
         self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout_s,
                                              sock_read=cfg.read_timeout_s)
         self.sync = None
@@ -62,8 +64,13 @@ class RouterCore:
     # -- background --------------------------------------------------------------------
     async def start(self, peer_log=None) -> None:
         cfg = self.cfg
+        reuse = aiohttp.TraceConfig()       # marks a request sent on a pooled connection
+        reuse.on_connection_reuseconn.append(_mark_reused)
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(
-            limit=cfg.max_connections, limit_per_host=cfg.max_connections, ttl_dns_cache=300))
+            limit=cfg.max_connections, limit_per_host=cfg.max_connections, ttl_dns_cache=300),
+            trace_configs=[reuse])
+        self.fresh_session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(
+            limit=cfg.max_connections, force_close=True, ttl_dns_cache=300))
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(health.health_loop(self.state, self._auth)))
         if cfg.peers or cfg.peer_selector:
@@ -147,6 +154,8 @@ class RouterCore:
             self._kv.stop()
         if self.session is not None:
             await self.session.close()
+        if self.fresh_session is not None:
+            await self.fresh_session.close()
 
     # -- responses API: a follow-up goes where its previous response is stored ---------
     def pinned(self, p: parsing.Parsed) -> str | None:
@@ -159,28 +168,51 @@ class RouterCore:
 
     # -- the request pipeline ---------------------------------------------------------
     async def handle(self, request: Request, path: str) -> Response:
-        cfg = self.cfg
+        """One request, counted once in ``requests_total`` whatever its end: its last
+        attempt's outcome, ``rejected`` (refused by the router before any replica),
+        ``cancelled`` (the client left before any replica, e.g. while its body was read),
+        ``server_error`` (the router failed); a stream when its relay ends."""
+        tally = retries.Tally()
         try:
-            limits.check_headers(request.scope["headers"], cfg)
-            raw = await limits.read_body(request.stream(), cfg,
-                                         request.headers.get("content-length"))
-            headers = request.headers
-            p = parsing.parse(path, raw, headers, cfg)
-            keys, in_len, tpk = request_keys(p, cfg, self.tokenizer)
-            m = p.meta
-            ctx = RequestContext(request_id=next(self._ids), keys=keys, input_length=in_len,
-                                 now_s=time.monotonic(), session_id=m.session_id,
-                                 tenant=m.tenant, tool_name=m.tool_name, tool_args=m.tool_args,
-                                 agent_hint=m.agent, warmup=m.warmup)
-            fwd = forward_body(p)
-            up_headers = {"content-type": "application/json", **self._auth,
-                          "accept": headers.get("accept", "application/json")}
-            if p.stream:           # Starlette ends a stream whose client left
-                return await retries.send(self, p, ctx, tpk, fwd, up_headers)
-            return await until_disconnect(request.receive,
-                                          retries.send(self, p, ctx, tpk, fwd, up_headers))
+            return await self._handle(request, path, tally)
         except RouterError as exc:
+            if tally.outcome is None:
+                tally.outcome = "rejected"
             return self.error(exc)
+        except ClientDisconnect:       # left while its body was read: nobody to answer
+            tally.outcome = tally.outcome or "cancelled"
+            return Response(CLIENT_LEFT, status_code=499, media_type="application/json")
+        except BaseException as exc:
+            if tally.outcome is None:
+                tally.outcome = ("cancelled" if isinstance(exc, asyncio.CancelledError)
+                                 else "server_error")
+            raise
+        finally:
+            if not tally.deferred:
+                self.state.count_request(tally.replica, tally.model,
+                                         tally.outcome or "cancelled")
+
+    async def _handle(self, request: Request, path: str, tally) -> Response:
+        cfg = self.cfg
+        limits.check_headers(request.scope["headers"], cfg)
+        raw = await limits.read_body(request.stream(), cfg,
+                                     request.headers.get("content-length"))
+        headers = request.headers
+        p = parsing.parse(path, raw, headers, cfg)
+        tally.model = p.model
+        keys, in_len, tpk = request_keys(p, cfg, self.tokenizer)
+        m = p.meta
+        ctx = RequestContext(request_id=next(self._ids), keys=keys, input_length=in_len,
+                             now_s=time.monotonic(), session_id=m.session_id,
+                             tenant=m.tenant, tool_name=m.tool_name, tool_args=m.tool_args,
+                             agent_hint=m.agent, warmup=m.warmup)
+        fwd = forward_body(p)
+        up_headers = {"content-type": "application/json", **self._auth,
+                      "accept": headers.get("accept", "application/json")}
+        if p.stream:           # Starlette ends a stream whose client left
+            return await retries.send(self, p, ctx, tpk, fwd, up_headers, tally)
+        return await until_disconnect(request.receive,
+                                      retries.send(self, p, ctx, tpk, fwd, up_headers, tally))
 
     def error(self, exc: RouterError) -> Response:
         if exc.reason:
@@ -210,6 +242,11 @@ class RouterCore:
                 "config": self.config_watch.status() if self.config_watch else None,
                 "pods": self.pods.status() if self.pods else None,
                 "policy": self.cfg.policy}
+
+
+async def _mark_reused(session, trace_ctx, params) -> None:  # noqa: ARG001 - aiohttp's
+    if isinstance(trace_ctx.trace_request_ctx, dict):
+        trace_ctx.trace_request_ctx["reused"] = True
 
 
 async def freeze_after(delay_s: float) -> None:

@@ -83,5 +83,48 @@ def parse(path: str, raw: bytes, headers: Mapping[str, str], cfg: RouterConfig) 
         field = "messages"
     if field and field not in body:
         raise bad_request(f"'{field}' is required", field)
-    return Parsed(raw, path, body, meta, model, bool(body.get("stream")),
+    check_types(body, field)
+    return Parsed(raw, path, body, meta, model, body.get("stream") is True,
                   tenant_salt(meta.tenant, cfg.tenant_secret))
+
+
+_INT = {int}
+
+
+def _token_ids(v: Any) -> bool:
+    # bool is an int subclass: [true, 3] is not a token-id prompt (vLLM's lax parser
+    # would read it as [1, 3]). set(map(type, ...)) runs in C: about the cost of the
+    # min/max of the vocabulary check, a third of a generator over the ids
+    return isinstance(v, list) and bool(v) and set(map(type, v)) == _INT
+
+
+def _prompt_ok(v: Any) -> bool:
+    """OpenAI's ``prompt``: a string, a list of strings, a list of token ids, or a list of
+    token-id lists."""
+    if isinstance(v, str):
+        return True
+    if not isinstance(v, list) or not v:
+        return False
+    if all(isinstance(x, str) for x in v):
+        return True
+    return _token_ids(v) or all(_token_ids(x) for x in v)
+
+
+def check_types(body: dict[str, Any], field: str) -> None:
+    """The types of the fields the router reads or routes by, strictly (no coercion: the
+    engine's parser would turn ``true`` into 1 and ``"yes"`` into true). 400 naming the
+    field."""
+    v = body.get(field) if field else None
+    if field == "prompt" and "prompt" in body and not _prompt_ok(v):
+        raise bad_request("'prompt' must be a string or a list of token ids (integers), or a "
+                          "list of strings or of token-id lists", "prompt")
+    if field == "messages" and not (isinstance(v, list) and v
+                                    and all(isinstance(m, dict) for m in v)):
+        raise bad_request("'messages' must be a non-empty list of message objects", "messages")
+    if field == "input" and not isinstance(v, (str, list)):
+        raise bad_request("'input' must be a string or a list of input items", "input")
+    if field == "tokens" and not _token_ids(v):
+        raise bad_request("'tokens' must be a non-empty list of token ids (integers)", "tokens")
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise bad_request("'stream' must be a boolean", "stream")

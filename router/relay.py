@@ -33,11 +33,19 @@ class RelayResponse(StreamingResponse):
     for the garbage collector; a cancelled generator sits in a reference cycle, so that can
     take arbitrarily long and leaves the replica counted as busy."""
 
+    def __init__(self, *args, on_close=None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.on_close = on_close
+
     async def __call__(self, scope, receive, send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
             await self.body_iterator.aclose()
+            # a body never started (the client left before the response began) runs no
+            # ``finally`` of its own: the attempt still ends, once (``on_close``)
+            if self.on_close is not None:
+                self.on_close()
 
 
 _RelayResponse = RelayResponse     # the name tests and older code import

@@ -10,7 +10,9 @@ policy per model (``anchorage.routing``; the operator's document may set a model
 admission (429 when every healthy replica of the model is at
 ``max_inflight_per_replica``), passive health (ejection after ``eject_after_failures``
 transport failures or timeouts of distinct requests, none in between answered; an answer,
-even a 5xx, is the replica working) with readmission on a good probe (``health``), which
+even a 5xx, is the replica working; a dropped connection counts only once the same request
+succeeded on another replica, so a request that crashes engines ejects none) with
+readmission on a good probe (``health``), which
 forgets the policy's model of that replica (its cache was lost), and the metrics. Plain
 Python: unit-testable without Ray.
 
@@ -297,11 +299,17 @@ class RoutingState:
 
     def finish(self, ctx: RequestContext, replica: int, outcome: str,
                usage: dict[str, Any] | None = None, predicted_tokens: int = 0,
-               model: str | None = None) -> None:
+               model: str | None = None, charge: bool | None = None,
+               count: bool = True) -> None:
         """A request attempt ended. ``outcome``: ok, client_error (4xx answer),
         server_error (5xx answer: the request's failure, not the replica's), connect_error
         (never reached it), upstream_error (connection lost after sending), timeout,
-        cancelled (the client left)."""
+        cancelled (the client left). ``charge``: whether a transport failure counts
+        against the replica now (default: every one does); the request path passes False
+        for a dropped connection, which is charged later (``charge``) only once the same
+        request succeeded on another replica (``retries``). ``count``: the attempt is its
+        request's end, counted in ``requests_total`` (the request path counts each request
+        once itself, ``count_request``)."""
         self.first_byte(ctx, replica)
         up = self.upstreams.get(replica)
         url = (up.name or up.url) if up else "removed"   # (its series were deleted with it)
@@ -310,10 +318,11 @@ class RoutingState:
             self.router_for(model).on_finish(ctx, replica)
             if outcome in ("ok", "client_error", "server_error"):
                 up.failures = 0
-            elif outcome in TRANSPORT_FAILURES:
+            elif outcome in TRANSPORT_FAILURES and (charge is None or charge):
                 self._failure(up)
         mt = self.metrics
-        mt.child(mt.requests, url, self.policy_for(model), outcome).inc()
+        if count:
+            mt.child(mt.requests, url, self.policy_for(model), outcome).inc()
         if outcome == "ok":
             mt.child(mt.predicted, url).inc(predicted_tokens)
             if usage:
@@ -321,6 +330,25 @@ class RoutingState:
                 cached = details.get("cached_tokens") if isinstance(details, dict) else 0
                 mt.child(mt.observed, url).inc(int(cached or 0))
                 mt.child(mt.prompt, url).inc(int(usage.get("prompt_tokens") or 0))
+
+    def count_request(self, replica: int | None, model: str | None, outcome: str) -> None:
+        """A request ended: one ``requests_total`` sample, labelled with the replica of its
+        last attempt (``none``: it reached no replica, e.g. ``rejected`` by the router or
+        ``cancelled`` while its body was read)."""
+        if replica is None:
+            label = "none"
+        else:
+            up = self.upstreams.get(replica)
+            label = (up.name or up.url) if up else "removed"
+        mt = self.metrics
+        mt.child(mt.requests, label, self.policy_for(model), outcome).inc()
+
+    def charge(self, replica: int) -> None:
+        """A transport failure of ``replica`` confirmed after the fact: the request whose
+        connection it dropped was then served by another replica."""
+        up = self.upstreams.get(replica)
+        if up is not None:
+            self._failure(up)
 
     def retried(self, url: str, reason: str) -> None:
         up = self._by_url.get(url.rstrip("/"))

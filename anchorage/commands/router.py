@@ -27,6 +27,9 @@ def register(sub) -> None:
     p.add_argument("--block-size", type=int, default=16, help="tokens per block for token-id prompts")
     p.add_argument("--max-inflight-per-replica", type=int, default=64)
     p.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024)
+    p.add_argument("--body-timeout-s", type=float, default=5.0,
+                   help="a request body must arrive whole within this many seconds, else "
+                        "408 (default: 5)")
     p.add_argument("--retries", type=int, default=2)
     p.add_argument("--discovery", choices=["static", "kubernetes"], default="static")
     p.add_argument("--k8s-namespace", default="default")
@@ -78,7 +81,8 @@ def make_config(args):
         replicas=[u.strip() for u in args.replicas.split(",") if u.strip()],
         policy=args.policy, policy_params=params, block_size=args.block_size,
         max_inflight_per_replica=args.max_inflight_per_replica,
-        max_body_bytes=args.max_body_bytes, retries=args.retries, discovery=args.discovery,
+        max_body_bytes=args.max_body_bytes, body_timeout_s=args.body_timeout_s,
+        retries=args.retries, discovery=args.discovery,
         k8s_namespace=args.k8s_namespace, k8s_selector=args.k8s_selector,
         k8s_port=args.k8s_port, k8s_kind=args.k8s_kind, kv_events_port=args.kv_events_port,
         config_file=args.config_file, config_dir=args.config_dir,

@@ -71,6 +71,12 @@ def parse_request(body: Mapping[str, Any], headers: Mapping[str, str]) -> Reques
             raise MetadataError(f"anchorage.{name} must be a string")
     if sid is not None and not isinstance(sid, (str, int)):
         raise MetadataError("session_id must be a string")
+    warmup = raw.get("warmup", False)
+    # a flag: true/false, or the canonical form's 0/1 (vllm_xargs carries no booleans);
+    # "yes", "false" or 2 are refused rather than read by truthiness
+    if warmup is not None and not (isinstance(warmup, bool) or (type(warmup) is int
+                                                               and warmup in (0, 1))):
+        raise MetadataError("anchorage.warmup must be a boolean (true or false)")
     args = raw.get("tool_args")
     if isinstance(args, str):
         try:
@@ -79,7 +85,7 @@ def parse_request(body: Mapping[str, Any], headers: Mapping[str, str]) -> Reques
             pass
     return RequestMeta(session_id=None if sid is None else str(sid), agent=raw.get("agent"),
                        tool_name=raw.get("tool_name"), tool_args=args,
-                       warmup=bool(raw.get("warmup", False)))
+                       warmup=bool(warmup))
 
 
 def to_vllm_body(body: dict[str, Any], meta: RequestMeta, cache_salt: str | None) -> dict[str, Any]:

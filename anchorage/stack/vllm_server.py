@@ -13,7 +13,12 @@ exits 0, which would hide a crash. This wrapper records the processes the server
 (``multiprocessing``) and those it stops itself while they still run (``terminate``/
 ``kill``, its orderly shutdown); when one of the others failed, it says so and exits like
 a shell does:
-``128 + N`` for a process killed by signal N, else that process's own non-zero status."""
+``128 + N`` for a process killed by signal N, else that process's own non-zero status.
+An engine core that dies of an error (an exception in its busy loop) is often still
+running its shutdown when the front end terminates it, which looked like the orderly kind
+(status 0 reported for a crash): it writes a line to ``ANCHORAGE_ENGINE_FAILURE_FILE``
+first (``anchorage.node_agent.token_ids.record_engine_failure``, a file this wrapper makes
+when the variable is unset), and such an engine exits 1, the status its core exits with."""
 
 from __future__ import annotations
 
@@ -78,20 +83,51 @@ def failed_child_status() -> tuple[int, str] | None:
     return None
 
 
+def engine_failure(path: str | None) -> str | None:
+    """The first line an engine core that died of an error wrote (``FAILURE_ENV``)."""
+    if not path:
+        return None
+    try:
+        with open(path) as f:
+            line = f.readline().strip()
+    except OSError:
+        return None
+    return line or None
+
+
 def main() -> int:
     import logging
+    import os
+    import tempfile
 
     from anchorage.node_agent.plugin import register
+    from anchorage.node_agent.token_ids import FAILURE_ENV
 
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     logging.getLogger("anchorage").addHandler(handler)
     logging.getLogger("anchorage").setLevel(logging.INFO)
+    made = None
+    if not os.environ.get(FAILURE_ENV):       # the engine core inherits it
+        fd, made = tempfile.mkstemp(prefix="anchorage-engine-failure-")
+        os.close(fd)
+        os.environ[FAILURE_ENV] = made
     register()
     _record_started_processes()
     sys.argv[0] = "vllm.entrypoints.openai.api_server"
-    runpy.run_module("vllm.entrypoints.openai.api_server", run_name="__main__", alter_sys=True)
+    try:
+        runpy.run_module("vllm.entrypoints.openai.api_server", run_name="__main__",
+                         alter_sys=True)
+    finally:
+        crashed = engine_failure(os.environ.get(FAILURE_ENV))
+        if made:
+            os.unlink(made)
     failed = failed_child_status()
+    if failed is None and crashed is not None:
+        # the core died of an error (``sys.exit(1)`` once its handler ends), but the front
+        # end stopped it first: not an orderly shutdown
+        pid, _, what = crashed.partition(" ")
+        failed = (1, f"engine core (pid {pid}) failed ({what}) and exited with status 1")
     if failed is None:
         return 0
     status, what = failed

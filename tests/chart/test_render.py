@@ -112,7 +112,8 @@ def test_all_on_renders_every_feature(all_on_objects):
     app = serve["applications"][0]
     assert app["import_path"] == "anchorage.router.app:app_builder"
     assert app["args"] == {"policy": "prefix", "policy_params": {"balance_abs_threshold": 8}, "block_size": 16,
-                           "max_body_bytes": 1048576, "max_inflight_per_replica": 64, "retries": 1,
+                           "max_body_bytes": 1048576, "body_timeout_s": 5,
+                           "max_inflight_per_replica": 64, "retries": 1,
                            "config_dir": "/etc/anchorage/models",
                            "discovery": "kubernetes", "k8s_namespace": NAMESPACE,
                            "k8s_selector": f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=model",
@@ -463,6 +464,7 @@ def test_router_deployment(default_objects):
     c = dep["spec"]["template"]["spec"]["containers"][0]
     assert c["args"] == ["router", "--host=0.0.0.0", "--port=8000", "--policy=agent",
                          "--policy-params={}", "--block-size=16", "--max-body-bytes=4194304",
+                         "--body-timeout-s=5",
                          "--max-inflight-per-replica=64", "--retries=2", "--config-dir=/etc/anchorage/models",
                          "--discovery=kubernetes",
                          f"--k8s-namespace={NAMESPACE}",

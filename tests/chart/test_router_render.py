@@ -50,3 +50,53 @@ def test_the_kuberay_head_starts_ray_with_the_haproxy_ingress():
     env = _env(head)
     assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "1" and env["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "1"
     assert env["RAY_SERVE_HAPROXY_BALANCE_ALGORITHM"] == "hdr(x-session-id)"
+
+
+def test_the_body_timeout_value_cuts_off_a_body_that_stops_part_way():
+    """``router.bodyTimeoutSeconds`` -> ``--body-timeout-s`` -> the router answers a body
+    that stops part-way with a 408 error object naming that time (issue 45 item 2). The
+    router runs the rendered arguments (one process, on loopback instead of the pod's
+    0.0.0.0, without the pod's ConfigMap directory)."""
+    import json
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from anchorage.stack.ports import free_port
+
+    docs = objects(render({"router": {"bodyTimeoutSeconds": 1.5, "discovery": {
+        "mode": "static", "staticReplicas": ["http://127.0.0.1:9"]}}}))
+    c = one(docs, "Deployment", "-router")["spec"]["template"]["spec"]["containers"][0]
+    assert "--body-timeout-s=1.5" in c["args"]
+    args = [a for a in c["args"] if not a.startswith(("--host=", "--port=", "--config-dir="))]
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "anchorage.cli", *args, "--host=127.0.0.1",
+                             f"--port={port}", "--hosting=process"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/livez", timeout=2):
+                    break
+            except OSError:
+                assert proc.poll() is None and time.time() < deadline, proc.stderr.read()[-2000:]
+                time.sleep(0.2)
+        with socket.create_connection(("127.0.0.1", port), timeout=20) as s:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                      b"application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\": [1,")
+            data = b""
+            while b"\r\n\r\n" not in data or not data.rstrip().endswith(b"}"):
+                got = s.recv(4096)
+                if not got:
+                    break
+                data += got
+        head, _, body = data.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408"), data[:300]
+        err = json.loads(body)["error"]
+        assert err["code"] == "request_timeout" and "within 1.5 s" in err["message"], err
+    finally:
+        proc.terminate()
+        proc.wait(20)

@@ -120,6 +120,26 @@ class NodeAgent:
     def warmups_sent(self) -> int:
         return len(self.engine.completions)
 
+    def quiescent_counts(self, timeout_s: float = 10.0, still_s: float = 0.3) -> tuple[int, float]:
+        """``(warm-ups the engine received, the sidecar's issued counter)`` read at one
+        quiescent point: once every warm-up the sidecar issued has reached the engine
+        (the counter moves before the POST is sent, the engine's list when it lands) and
+        neither has moved for ``still_s``. Two reads at different moments while warm-ups
+        flow disagree by the ones in between (a flaky ``6.0 == 5``); call this only once
+        the test has stopped them (gate closed, prefetch off)."""
+        deadline = time.monotonic() + timeout_s
+        last = None
+        since = time.monotonic()
+        while True:
+            now = (self.warmups_sent, self.metric("anchorage_warmups_total", outcome="issued"))
+            if now != last:
+                last, since = now, time.monotonic()
+            elif now[0] == (now[1] or 0) and time.monotonic() - since >= still_s:
+                return now
+            if time.monotonic() > deadline:
+                raise AssertionError(f"warm-ups never settled (sent, issued): {now}")
+            time.sleep(0.05)
+
     def metrics(self) -> str:
         url = f"http://127.0.0.1:{self.sidecar.port}/metrics"
         with urllib.request.urlopen(url, timeout=5) as r:

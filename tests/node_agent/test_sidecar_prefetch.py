@@ -83,13 +83,15 @@ def test_prefetch_knobs_from_the_policy_spec_drive_the_node_agents_warmups(tmp_p
         n, elapsed = na.warmups_sent, time.monotonic() - t0
         # the token bucket: at most its burst (1) plus 2 per second since the switch
         assert 3 <= n <= 1 + 2 * elapsed + 1, (n, elapsed)
-        assert na.metric("anchorage_warmups_total", outcome="issued") == n
 
         # spec 3: a gate above the workload's predictability (R = 0.9): no more warm-ups
         gen = operator_writes(kube, cfg, 3, {"rMin": 0.95,
                                              "prefetch": {"enabled": True, "ratePerSecond": 2}})
         wait(lambda: sc.config_generation == gen == 3, "generation 3")
-        settled = na.warmups_sent
+        # both counters at one quiescent point (a warm-up issued just before the switch
+        # may still be on its way to the engine): every issued warm-up reached it
+        settled, issued = na.quiescent_counts()
+        assert issued == settled >= n
         time.sleep(1.5)
         assert na.warmups_sent == settled and sc.scheduler.config.r_min == 0.95
         assert na.metric("anchorage_config_generation") == 3

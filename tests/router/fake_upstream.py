@@ -6,7 +6,11 @@ It keeps a toy prefix cache (token-id blocks it has seen) so ``cached_tokens`` i
 first byte; a request whose connection closes meanwhile is recorded in ``aborted``), ``slow_stream`` (waits ``delay_s`` after each chunk), ``die_midstream`` (streams
 two chunks, then drops the connection), ``poison`` (a request whose prompt holds a token id
 >= 1024 answers 500 and stops the server, as a vLLM engine that skipped tokenizer
-initialisation dies), ``reset`` (drops the connection without answering), ``abort``
+initialisation dies), ``reset`` (drops the connection without answering), ``drop_marked``
+(drops the connection without answering for a request whose prompt holds token id 999, as
+an engine that a request crashes or fails; others are served), ``stale`` (a connection
+that carried an answer drops the next request sent on it, as a server that closed it
+right after answering: vLLM's after an error it did not handle), ``abort``
 (answers a non-streaming completion 200 with nothing generated and ``finish_reason:
 abort``, as vLLM does for the requests in flight when its engine shuts down). ``models`` is
 what ``/v1/models`` lists; ``kill()`` drops every open connection at once.
@@ -33,6 +37,7 @@ class FakeUpstream:
         self.port = 0
         self.models = ["tiny"]
         self._transports: set = set()
+        self._answered: set = set()        # ``stale``: transports that carried an answer
 
     def _cached_tokens(self, body: dict) -> tuple[int, int]:
         prompt = body.get("prompt")
@@ -64,7 +69,13 @@ class FakeUpstream:
             asyncio.get_running_loop().call_later(0.05, lambda: asyncio.ensure_future(self.kill()))
             return web.json_response({"error": {"message": "EngineCore died: index out of range",
                                                 "type": "InternalServerError"}}, status=500)
-        if self.mode == "reset":
+        if self.mode == "stale":
+            if request.transport in self._answered:
+                request.transport.close()
+                return web.Response()
+            self._answered.add(request.transport)
+        if self.mode == "reset" or (self.mode == "drop_marked"
+                                    and 999 in (body.get("prompt") or [])):
             request.transport.close()
             return web.Response()
         if self.mode == "abort" and not body.get("stream"):   # vLLM shutting down

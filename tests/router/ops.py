@@ -411,6 +411,19 @@ def http_partial_body(path: str, declared: int, sent: bytes, wait_s: float = 10)
         s.close()
 
 
+def http_partial_then_leave(path: str, n: int, sent: bytes = b'{"prompt": [1,',
+                            declared: int = 100, stay_s: float = 0.3) -> None:
+    """``n`` clients send headers and part of a body, then close their connection."""
+    import socket
+    socks = [socket.create_connection(("127.0.0.1", 8000), timeout=10) for _ in range(n)]
+    for s in socks:
+        s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {declared}\r\n\r\n".encode() + sent)
+    time.sleep(stay_s)
+    for s in socks:
+        s.close()
+
+
 def statuses_of_replicas(tries: int = 12) -> list[dict]:
     """``status`` of each router replica reached in ``tries`` handle calls."""
     seen = {}
@@ -502,9 +515,11 @@ _POD: list = []
 _POD_DIRS: list[str] = []
 
 
-def start_router_pod(port: int, router: dict, timeout_s: float = 240) -> str:
-    """A router "pod" with its own Ray (``anchorage.stack.router_main``) on ``port``; its
-    HAProxy and replica ports are moved off the first Ray's."""
+def start_router_pod(port: int, router: dict, timeout_s: float = 240,
+                     moved: bool = True) -> str:
+    """A router "pod" with its own Ray (``anchorage.stack.router_main``) on ``port``; with
+    ``moved``, its Serve ports (replicas' direct ingress, fallback proxy) are moved off
+    the first Ray's; without, it runs on Ray's defaults, as a second local stack would."""
     import json as _json
     import subprocess
     import sys
@@ -515,14 +530,14 @@ def start_router_pod(port: int, router: dict, timeout_s: float = 240) -> str:
     with open(f"{d}/pod.json", "w") as f:
         _json.dump(spec, f)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_SERVE_"))}
-    env.update(HOME=d, RAY_USAGE_STATS_ENABLED="0", RAY_SERVE_HAPROXY_STATS_PORT="18404",
-               RAY_SERVE_HAPROXY_METRICS_PORT="19101",
-               RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT="32000",
-               RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT="33000",
-               RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT="42000",
-               RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT="43000",
-               RAY_SERVE_FALLBACK_PROXY_HTTP_PORT="18500",
-               RAY_SERVE_FALLBACK_PROXY_GRPC_PORT="19500")
+    env.update(HOME=d, RAY_USAGE_STATS_ENABLED="0")
+    if moved:
+        env.update(RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT="32000",
+                   RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT="33000",
+                   RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT="42000",
+                   RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT="43000",
+                   RAY_SERVE_FALLBACK_PROXY_HTTP_PORT="18500",
+                   RAY_SERVE_FALLBACK_PROXY_GRPC_PORT="19500")
     log = open(f"{d}/pod.log", "w")
     p = subprocess.Popen([sys.executable, "-m", "anchorage.stack.router_main", f"{d}/pod.json"],
                          env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -660,6 +675,28 @@ def wait_pod_answers(url: str, token: str, status: int = 200, times: int = 3,
             ok = 0
         time.sleep(0.1)
     return ok >= times
+
+
+def http_at(url: str, method: str, path: str, json: Any = None, headers: dict | None = None,
+            content: bytes | None = None, timeout: float = 30) -> dict[str, Any]:
+    """``http`` against another router (a pod at ``url``)."""
+    with httpx.Client(timeout=timeout) as c:
+        r = c.request(method, url + path, json=json, headers=headers, content=content)
+        return {"status": r.status_code, "headers": dict(r.headers), "text": r.text}
+
+
+def serve_delete() -> None:
+    """Delete the router app (the ingress then serves no route until the next deploy)."""
+    from ray import serve
+    serve.delete("anchorage-router")
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            if httpx.get(ROUTER + "/livez", timeout=2).status_code == 404:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
 
 
 def pod_metric(url: str, name: str) -> float:

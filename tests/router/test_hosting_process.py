@@ -39,6 +39,34 @@ async def chat(s: aiohttp.ClientSession, url: str, text: str, session: str) -> t
         return r.status, await r.read()
 
 
+PROBES = [
+    (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n", 400),
+    (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nx-session-id: " + b"s" * 100_000
+     + b"\r\nContent-Length: 2\r\n\r\n{}", 431),
+    (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nx-big: " + b"h" * 1_000_000
+     + b"\r\nContent-Length: 2\r\n\r\n{}", 431),
+    (b"GARBAGE\r\n\r\n", 400),
+]
+
+
+def raw(port: int, req: bytes) -> bytes:
+    """Send ``req`` as it is; everything the server answers until it closes (or 10 s)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as c:
+        try:
+            c.sendall(req)
+        except OSError:
+            pass
+        data = b""
+        try:
+            while True:
+                got = c.recv(65536)
+                if not got or (b"\r\n\r\n" in data + got and (data + got).rstrip().endswith(b"}")):
+                    return data + got
+                data += got
+        except OSError:
+            return data
+
+
 def stop(proc: subprocess.Popen) -> int:
     proc.send_signal(signal.SIGTERM)
     return proc.wait(timeout=30)
@@ -79,6 +107,16 @@ def test_the_stacks_one_process_router_routes_streams_and_stops(tmp_path):
                 async with s.get(url + "/metrics") as r:
                     text = await r.text()
                 assert "anchorage_router_requests_total" in text and "sess-1" not in text
+            # issue 45 item 3: what the HTTP server answers itself is an error object too
+            # (uvicorn's text/plain "Invalid HTTP request received." before), and headers
+            # of 100 KB and 1 MB reach the router, which answers 431
+            for req, status in PROBES:
+                got = await asyncio.to_thread(raw, port, req)
+                head, _, body = got.partition(b"\r\n\r\n")
+                assert head.startswith(f"HTTP/1.1 {status} ".encode()), got[:300]
+                assert b"content-type: application/json" in head.lower(), got[:300]
+                e = json.loads(body)["error"]
+                assert set(e) == {"message", "type", "param", "code"}, e
             assert stop(proc) == 0
             out = log.read_text()
             assert "anchorage router ready" in out and "Traceback" not in out, out

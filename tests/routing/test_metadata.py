@@ -39,7 +39,16 @@ def test_header_wins_over_body_session_and_client_salt_is_replaced():
     ({"anchorage": {"agent": 3}}, "anchorage.agent must be a string"),
     ({"anchorage": "planner"}, "must be an object"),
     ({"vllm_xargs": [1]}, "vllm_xargs must be an object"),
+    ({"anchorage": {"warmup": "yes"}}, "anchorage.warmup must be a boolean"),
+    ({"anchorage": {"warmup": "false"}}, "anchorage.warmup must be a boolean"),
+    ({"vllm_xargs": {"anchorage.warmup": 2}}, "anchorage.warmup must be a boolean"),
 ])
 def test_bad_metadata_is_a_clear_error(body, msg):
     with pytest.raises(MetadataError, match=msg):
         parse_request(body, {})
+
+
+def test_warmup_flags_in_both_forms():
+    assert parse_request({"anchorage": {"warmup": True}}, {}).warmup is True
+    assert parse_request({"vllm_xargs": {"anchorage.warmup": 1}}, {}).warmup is True
+    assert parse_request({"anchorage": {"warmup": False}}, {}).warmup is False

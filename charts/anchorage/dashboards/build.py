@@ -343,7 +343,7 @@ def router() -> gd.Dashboard:
         "Rejected (429) and errors", "Requests the router refused (429 when every replica is "
         "saturated, 4xx from its own checks) by reason, and upstream failures per second.",
         [Q(f"sum by (reason) (rate(anchorage_router_rejected_total{{{NS}}}[{RI}]))", "rejected {{reason}}"),
-         Q(f"sum(rate(anchorage_router_requests_total{{{NS},outcome!=\"ok\"}}[{RI}]))", "upstream not ok")],
+         Q(f"sum(rate(anchorage_router_requests_total{{{NS},outcome!~\"ok|rejected|cancelled\"}}[{RI}]))", "upstream not ok")],
         lo=0))
     d = d.with_panel(timeseries(
         "Decision latency", "Time to pick a replica, p50 / p99.",

@@ -8,6 +8,7 @@
 - --policy-params={{ toJson $r.policyParams }}
 - --block-size={{ $r.blockSize }}
 - --max-body-bytes={{ int64 $r.maxBodyBytes }}
+- --body-timeout-s={{ $r.bodyTimeoutSeconds }}
 - --max-inflight-per-replica={{ $r.maxInflightPerReplica }}
 - --retries={{ $r.retries }}
 - --config-dir=/etc/anchorage/models
