@@ -104,15 +104,24 @@ _REAL_SPECS = {
 }
 
 
-def _load_real(name: str, traces_dir: Path, seed: int = 0, limit: int | None = None) -> Workload:
+def real_records(name: str, traces_dir: Path | None = None, seed: int = 0,
+                 limit: int | None = None):
+    """``(header, records)`` of a real trace (``REAL``), converted as ``load`` converts it:
+    for the timed simulator, which replays records (timestamps, tool durations)."""
+    traces_dir = traces_dir or default_traces_dir()
     if name in ("mooncake", "mooncake-synthetic"):
         fname = "conversation_trace.jsonl.xz" if name == "mooncake" else "synthetic_trace.jsonl.xz"
         path = _need(traces_dir / "mooncake" / fname)
         header, records = read_trace(path)
-        return Workload.from_records(name, header, records, source=str(path))
+        return header, records, path
     from anchorage.trace.convert import ConvertOptions, convert
 
     dataset, rel, opts = _REAL_SPECS[name]
     src = _need(traces_dir / rel)
     header, records = convert(dataset, src, ConvertOptions(seed=seed, limit=limit, **opts))
+    return header, records, src
+
+
+def _load_real(name: str, traces_dir: Path, seed: int = 0, limit: int | None = None) -> Workload:
+    header, records, src = real_records(name, traces_dir, seed, limit)
     return Workload.from_records(name, header, records, source=str(src))

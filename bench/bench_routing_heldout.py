@@ -27,7 +27,7 @@ RESULTS = os.path.join(os.path.dirname(__file__), "results", "routing_heldout.js
 
 
 def load_cell(cell: Cell):
-    """(records, contexts, max_sessions) of a cell's workload."""
+    """(records, contexts, max_sessions, block size) of a cell's workload."""
     from anchorage.sim.replay import make_contexts
     conc = CONCURRENCY_PER_REPLICA * cell.replicas
     kind, _, rest = cell.workload.partition(":")
@@ -42,11 +42,12 @@ def load_cell(cell: Cell):
         _, recs = generate(topo, 8, SESSIONS, int(seed), block_size=BLOCK_SIZE,
                            concurrency=conc)
     else:
-        from anchorage.workloads import load
-        wl = load(cell.workload, limit=SESSIONS * 2)
-        recs = list(wl.records)
+        from anchorage.workloads import real_records
+        name, _, seed = cell.workload.partition(":")
+        header, recs, _ = real_records(name, seed=int(seed or 0), limit=SESSIONS * 2)
         max_sessions = max(1, int(conc))
-    return recs, make_contexts(recs), max_sessions
+        return recs, make_contexts(recs), max_sessions, header.block_size
+    return recs, make_contexts(recs), max_sessions, BLOCK_SIZE
 
 
 def run_cell(args: tuple) -> dict:
@@ -54,12 +55,8 @@ def run_cell(args: tuple) -> dict:
     from anchorage.sim.cluster import TimedConfig, simulate_timed
     from anchorage.sim.profiles import get_profile
     t0 = time.perf_counter()
-    recs, ctxs, max_sessions = load_cell(cell)
-    bs = BLOCK_SIZE if cell.workload.split(":")[0] in ("scenario", "generated") else None
+    recs, ctxs, max_sessions, bs = load_cell(cell)
     profile = get_profile(PROFILE)
-    if bs is None:
-        from anchorage.workloads import load
-        bs = load(cell.workload, limit=1).block_size
     rows = {}
     for name in routers + ([REFERENCE] if reference else []):
         router, overrides = ROUTERS.get(name, (name, {}))
