@@ -28,7 +28,8 @@ configure (``request_header_mode: SEND``, ``response_header_mode: SEND``,
    (malformed), 404 (unknown model, unknown path), 413, 429 (every replica of the model
    at ``max_inflight_per_replica``; ``retry-after``), 431, 503 (no eligible endpoint);
 6. response headers: ``filter_metadata["envoy.lb"]["x-gateway-destination-endpoint-served"]``
-   (or a response header of that name) says which endpoint served it; when the gateway
+   (or a response header of that name, or the ``upstream.address`` attribute a plain Envoy
+   sends with ``response_attributes``) says which endpoint served it; when the gateway
    fell back, the attempt is moved there (the picked replica's is a ``connect_error``,
    as the proxy counts a connect failure). Response body chunks are echoed unchanged;
    the first one is the replica's first byte, the last one (or the trailers) ends the
@@ -151,6 +152,15 @@ def metadata_value(req, namespace: str, key: str) -> Any:
         return None
     f = md[namespace].fields
     return _struct_value(f[key]) if key in f else None
+
+
+def attribute(req, name: str) -> Any:
+    """An attribute Envoy sends with ``response_attributes`` (e.g. ``upstream.address``),
+    from any filter's attribute struct."""
+    for st in req.attributes.values():
+        if name in st.fields:
+            return _struct_value(st.fields[name])
+    return None
 
 
 def header_dict(header_map) -> dict[str, str]:
@@ -482,7 +492,8 @@ class Stream:
             except ValueError:
                 a.status = 502
             a.sse = "text/event-stream" in h.get("content-type", "")
-            served = metadata_value(req, LB_NAMESPACE, SERVED_KEY) or h.get(SERVED_KEY)
+            served = (metadata_value(req, LB_NAMESPACE, SERVED_KEY) or h.get(SERVED_KEY)
+                      or attribute(req, "upstream.address"))
             a.served(served if isinstance(served, str) else None)
             if req.response_headers.end_of_stream:
                 a.finish()
