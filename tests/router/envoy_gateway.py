@@ -39,7 +39,9 @@ def _t(name: str) -> str:
     return "type.googleapis.com/" + name
 
 
-def config(listen: int, admin: int, epp: int, endpoints: list[str]) -> dict:
+def config(listen: int, admin: int, epp: int | None, endpoints: list[str]) -> dict:
+    """``epp`` None: the same gateway without the picker (round robin over the pool), the
+    baseline the picker's added latency is measured against."""
     hosts = [{"endpoint": {"address": {"socket_address": {
         "address": e.rsplit(":", 1)[0], "port_value": int(e.rsplit(":", 1)[1])}}}}
         for e in endpoints]
@@ -63,8 +65,8 @@ def config(listen: int, admin: int, epp: int, endpoints: list[str]) -> dict:
             "routes": [{"match": {"prefix": "/"}, "route": {
                 "cluster": "pool", "timeout": "60s",
                 "retry_policy": {"retry_on": "connect-failure,reset", "num_retries": 2}}}]}]},
-        "http_filters": [
-            {"name": "envoy.filters.http.ext_proc", "typed_config": ext_proc},
+        "http_filters": ([{"name": "envoy.filters.http.ext_proc", "typed_config": ext_proc}]
+                         if epp is not None else []) + [
             {"name": "envoy.filters.http.router", "typed_config": {
                 "@type": _t("envoy.extensions.filters.http.router.v3.Router"),
                 "suppress_envoy_headers": True}}],
@@ -92,7 +94,7 @@ def config(listen: int, admin: int, epp: int, endpoints: list[str]) -> dict:
                     "typed_config": hcm}]}]}],
             "clusters": [
                 {"name": "pool", "type": "STATIC", "connect_timeout": "1s",
-                 "load_balancing_policy": override,
+                 "load_balancing_policy": override if epp is not None else rr,
                  "load_assignment": {"cluster_name": "pool", "endpoints": [{"lb_endpoints": hosts}]}},
                 {"name": "epp", "type": "STATIC", "connect_timeout": "1s",
                  "typed_extension_protocol_options": h2,
@@ -102,18 +104,18 @@ def config(listen: int, admin: int, epp: int, endpoints: list[str]) -> dict:
                                         "service_name": "envoy.service.ext_proc.v3.ExternalProcessor"}}],
                  "load_assignment": {"cluster_name": "epp", "endpoints": [{"lb_endpoints": [
                      {"endpoint": {"address": {"socket_address": {
-                         "address": "127.0.0.1", "port_value": epp}}}}]}]}},
-            ]},
+                         "address": "127.0.0.1", "port_value": epp or 1}}}}]}]}},
+            ][: 2 if epp is not None else 1]},
     }
 
 
 class Envoy:
-    def __init__(self, workdir: Path, epp_port: int, endpoints: list[str]) -> None:
+    def __init__(self, workdir: Path, epp_port: int | None, endpoints: list[str]) -> None:
         self.workdir = workdir
         self.port, self.admin = free_port(), free_port()
-        self.cfg = workdir / "envoy.json"
+        self.cfg = workdir / f"envoy-{self.port}.json"
         self.cfg.write_text(json.dumps(config(self.port, self.admin, epp_port, endpoints)))
-        self.log = workdir / "envoy.log"
+        self.log = workdir / f"envoy-{self.port}.log"
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> "Envoy":
