@@ -297,3 +297,30 @@ def test_health_liveness_and_readiness():
                 service="envoy.service.ext_proc.v3.ExternalProcessor"))
             assert got.status == SERVING
     run(go())
+
+
+def test_the_cli_validates_epp_mode_and_prints_its_config():
+    import subprocess
+    import sys
+
+    base = [sys.executable, "-m", "anchorage.cli", "router", "--mode", "epp"]
+    ok = subprocess.run(base + ["--replicas", "http://10.0.0.1:8000", "--grpc-port", "9102",
+                                "--fallbacks", "1", "--print-config"],
+                        capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0, ok.stderr
+    doc = json.loads(ok.stdout)
+    assert doc["epp"]["port"] == 9102 and doc["epp"]["fallbacks"] == 1
+    assert doc["replicas"] == ["http://10.0.0.1:8000"] and doc["discovery"] == "static"
+    pool = subprocess.run(base + ["--pool-name", "p", "--pool-namespace", "llm",
+                                  "--leader-election", "--print-config"],
+                          capture_output=True, text=True, timeout=60)
+    assert pool.returncode == 0, pool.stderr
+    doc = json.loads(pool.stdout)
+    assert doc["discovery"] == "inferencepool" and doc["epp"]["leader_election"]
+    for bad, words in ((["--replicas", "http://a:1", "--num-replicas", "2"], "one process"),
+                       (["--replicas", "http://a:1", "--pool-name", "p"], "not both"),
+                       (["--replicas", "http://a:1", "--leader-election"], "InferencePool"),
+                       (["--replicas", "http://a:1", "--fallbacks", "-1"], "fallbacks"),
+                       ([], "at least one replica")):
+        r = subprocess.run(base + bad, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, (bad, r.stderr)
