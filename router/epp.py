@@ -92,6 +92,12 @@ class EppConfig:
     lease_duration_s: float = 15.0
     lease_renew_s: float = 2.0
     identity: str = ""                  # default: $POD_NAME, else the host name
+    # TLS on the ext_proc port (the Inference Extension's pickers serve TLS by default and
+    # gateways connect without verifying): a certificate from files, else self-signed at
+    # start. The health port stays plaintext (the kubelet's gRPC probes have no TLS).
+    tls: bool = False
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> "EppConfig":
@@ -108,6 +114,12 @@ class EppConfig:
                              "the Lease lives beside it")
         if self.lease_duration_s <= self.lease_renew_s or self.lease_renew_s <= 0:
             raise ValueError("lease_duration_s must exceed lease_renew_s > 0")
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError("tls_cert_file and tls_key_file go together")
+        if self.tls_cert_file and not self.tls:
+            raise ValueError("a TLS certificate needs tls on")
+        if self.tls and self.health_port == self.port:
+            raise ValueError("the health port must differ from the TLS ext_proc port")
         if self.extra:
             raise ValueError(f"unknown EPP setting(s): {', '.join(sorted(self.extra))}")
         return self
@@ -587,7 +599,13 @@ class EppServer:
         hs = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(hs, self.server)
         self.readiness = Readiness(_SyncSetter(hs), e.leader_election)
-        self.ports["grpc"] = self.server.add_insecure_port(f"{_host(e.host)}:{e.port}")
+        addr = f"{_host(e.host)}:{e.port}"
+        if e.tls:
+            key, cert = load_or_make_cert(e.tls_cert_file, e.tls_key_file)
+            self.ports["grpc"] = self.server.add_secure_port(
+                addr, grpc.ssl_server_credentials([(key, cert)]))
+        else:
+            self.ports["grpc"] = self.server.add_insecure_port(addr)
         if e.health_port:
             self.ports["health"] = self.server.add_insecure_port(f"{_host(e.host)}:{e.health_port}")
         await self.server.start()
@@ -668,6 +686,34 @@ class _SyncSetter:
         r = self.hs.set(service, status)
         if asyncio.iscoroutine(r):
             asyncio.ensure_future(r)
+
+
+def load_or_make_cert(cert_file: str, key_file: str) -> tuple[bytes, bytes]:
+    """(key PEM, certificate PEM): from the files, else a self-signed P-256 certificate
+    valid for a year (the gateway does not verify the picker's identity; the connection is
+    encrypted)."""
+    if cert_file:
+        with open(key_file, "rb") as k, open(cert_file, "rb") as c:
+            return k.read(), c.read()
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "anchorage-epp")])
+    now = dt.datetime.now(dt.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=365))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("anchorage-epp")]), False)
+            .sign(key, hashes.SHA256()))
+    return (key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                              serialization.NoEncryption()),
+            cert.public_bytes(serialization.Encoding.PEM))
 
 
 def _host(h: str) -> str:

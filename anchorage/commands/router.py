@@ -81,6 +81,11 @@ def register(sub) -> None:
     e.add_argument("--leader-election", action="store_true",
                    help="ready only while holding the Lease <pool>-epp (several EPP replicas)")
     e.add_argument("--lease-name", default="", help="the Lease's name (default <pool>-epp)")
+    e.add_argument("--secure-serving", action="store_true",
+                   help="TLS on --grpc-port (self-signed unless --cert-file/--key-file): "
+                        "what the Inference Extension's gateways expect by default")
+    e.add_argument("--cert-file", default="", help="TLS certificate (PEM) for --secure-serving")
+    e.add_argument("--key-file", default="", help="TLS private key (PEM) for --secure-serving")
     p.add_argument("--print-config", action="store_true", help="validate, print the config, exit")
     p.set_defaults(func=run)
 
@@ -123,7 +128,9 @@ def make_epp_config(args):
     e = EppConfig(host=args.host, port=args.grpc_port, health_port=args.grpc_health_port,
                   metrics_port=args.metrics_port, fallbacks=args.fallbacks,
                   pool_name=args.pool_name, pool_namespace=args.pool_namespace,
-                  leader_election=args.leader_election, lease_name=args.lease_name)
+                  leader_election=args.leader_election, lease_name=args.lease_name,
+                  tls=args.secure_serving, tls_cert_file=args.cert_file,
+                  tls_key_file=args.key_file)
     try:
         return e.validate()
     except ValueError as exc:

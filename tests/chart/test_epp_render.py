@@ -82,7 +82,7 @@ def test_an_inferencepool_per_model_valid_for_the_crd_selecting_its_engine_pods(
         assert svc["metadata"]["name"] == ref["name"]
         grpc = next(pt for pt in svc["spec"]["ports"] if pt["name"] == "grpc")
         assert grpc["port"] == ref["port"]["number"] == 9002
-        assert grpc["appProtocol"] == "kubernetes.io/h2c"
+        assert "appProtocol" not in grpc                # TLS by default (epp.tls)
         epp = one(docs, "Deployment", ref["name"].removeprefix("anc-anchorage"))
         assert svc["spec"]["selector"].items() <= epp["spec"]["template"]["metadata"]["labels"].items()
         assert ref["failureMode"] == "FailClose"
@@ -108,6 +108,7 @@ def test_every_epp_value_reaches_the_picker_through_the_cli():
     args = build_parser().parse_args(c["args"])
     e, r = make_epp_config(args), make_config(args)
     assert (e.port, e.health_port, e.metrics_port, e.fallbacks) == (9102, 9103, 9190, 3)
+    assert e.tls and not e.tls_cert_file                  # epp.tls (default): self-signed
     assert e.pool_name == "anc-anchorage-llama-8b" and e.pool_namespace == "llm"
     assert e.leader_election and e.lease_name == "anc-anchorage-llama-8b-epp"
     assert r.discovery == "inferencepool" and r.config_dir == "/etc/anchorage/models"
@@ -127,6 +128,11 @@ def test_every_epp_value_reaches_the_picker_through_the_cli():
     single = objects(render(on()))
     a1 = build_parser().parse_args(_container(one(single, "Deployment", "-epp"))["args"])
     assert not make_epp_config(a1).leader_election
+    plain = objects(render(on(tls=False)))
+    a2 = build_parser().parse_args(_container(one(plain, "Deployment", "-epp"))["args"])
+    assert not make_epp_config(a2).tls
+    svc = one(plain, "Service", "-epp")
+    assert svc["spec"]["ports"][0]["appProtocol"] == "kubernetes.io/h2c"
     assert not any("leases" in rule["resources"] for rule in one(single, "Role", "-epp")["rules"])
 
 

