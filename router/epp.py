@@ -49,6 +49,7 @@ import itertools
 import logging
 import os
 import socket
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -428,6 +429,8 @@ class Stream:
 
     def on_message(self, req) -> list:
         kind = req.WhichOneof("request")
+        if req.HasField("protocol_config"):
+            _check_mode(req.protocol_config)
         if kind == "request_headers":
             self.headers = header_dict(req.request_headers.headers)
             self.subset = parse_subset(metadata_value(req, SUBSET_NAMESPACE, SUBSET_KEY))
@@ -517,6 +520,22 @@ class Stream:
         gateway left before the response ended)."""
         if self.attempt is not None:
             self.attempt.finish("cancelled")
+
+
+_FULL_DUPLEX = 4          # ProcessingMode.FULL_DUPLEX_STREAMED
+_warned_mode = False
+
+
+def _check_mode(pc) -> None:
+    """The picker answers the request headers after the whole body, which only the
+    ``FULL_DUPLEX_STREAMED`` body mode allows (in the other modes Envoy waits for that
+    answer before it sends the body): say so once, loudly, when a gateway uses another."""
+    global _warned_mode
+    if pc.request_body_mode != _FULL_DUPLEX and not _warned_mode:
+        _warned_mode = True
+        log.error("the gateway sends request bodies in mode %d; the endpoint picker needs "
+                  "FULL_DUPLEX_STREAMED (processing_mode.request_body_mode), as the "
+                  "Inference Extension configures it", pc.request_body_mode)
 
 
 # -- hosting --------------------------------------------------------------------------
@@ -730,9 +749,11 @@ def serve(cfg: RouterConfig, epp: EppConfig, on_ready=None) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        log.warning("endpoint picker listening on %s:%s (ext_proc, health)%s", epp.host,
-                    srv.ports["grpc"], f", metrics :{srv.ports['metrics']}"
-                    if "metrics" in srv.ports else "")
+        print(f"anchorage endpoint picker listening on {epp.host}:{srv.ports['grpc']} "
+              f"(ext_proc{', TLS' if epp.tls else ''}, gRPC health)"
+              + (f", health :{srv.ports['health']}" if "health" in srv.ports else "")
+              + (f", metrics :{srv.ports['metrics']}" if "metrics" in srv.ports else ""),
+              file=sys.stderr, flush=True)
         if on_ready is not None:
             on_ready(srv)
         await stop.wait()

@@ -324,3 +324,18 @@ def test_the_cli_validates_epp_mode_and_prints_its_config():
                        ([], "at least one replica")):
         r = subprocess.run(base + bad, capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, (bad, r.stderr)
+
+
+def test_a_gateway_in_another_body_mode_is_told_loudly(caplog):
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+
+    from anchorage.router import epp as m
+    from tests.router.epp_client import header_map
+    m._warned_mode = False
+    picker = m.EndpointPicker(RouterConfig(replicas=["http://127.0.0.1:9"]).validate())
+    req = ep.ProcessingRequest(
+        request_headers=ep.HttpHeaders(headers=header_map(request_headers())),
+        protocol_config=ep.ProtocolConfiguration(request_body_mode=2))       # BUFFERED
+    with caplog.at_level("ERROR", logger="anchorage.router.epp"):
+        assert m.Stream(picker).on_message(req) == []
+    assert "FULL_DUPLEX_STREAMED" in caplog.text
