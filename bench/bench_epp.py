@@ -23,7 +23,9 @@ growing turns, interleaved (token-id prompts, 1.5-5 KB JSON bodies).
    direct calls to a replica. All four paths up at once, each request sent down each
    path in turn (a load change on the machine touches all alike).
 4. **hit rate**: the workload through Envoy + EPP and through the router process, each
-   against fresh replicas, ``--hit-concurrency`` clients; block hit rate =
+   against fresh replicas, at each of ``--hit-concurrency`` client counts (1: the same
+   decisions in the same order, so equal hit rates; more: decisions see in-flight counts
+   that depend on each path's timing); block hit rate =
    sum(cached_tokens) / sum(prompt_tokens) from the answers' usage.
 
     .venv/bin/python -m bench.bench_epp [--requests 2000] [--concurrency 16]
@@ -231,7 +233,8 @@ def main(argv=None) -> int:
     ap.add_argument("--agents", type=int, default=8)
     ap.add_argument("--sessions", type=int, default=64)
     ap.add_argument("--turns", type=int, default=6)
-    ap.add_argument("--hit-concurrency", type=int, default=4)
+    ap.add_argument("--hit-concurrency", default="1,4",
+                    help="comma-separated client counts for the hit-rate comparison")
     ap.add_argument("--replicas", type=int, default=4)
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "epp.json"))
     args = ap.parse_args(argv)
@@ -302,34 +305,36 @@ def main(argv=None) -> int:
         print("latency p50 ms " + ", ".join(f"{k} {v:.2f}" for k, v in p50.items()), file=sys.stderr)
 
         # 4. hit rate of the workload: the EPP behind Envoy vs the router process
-        hits = {}
-        ups, ports = start_upstreams(bg, args.replicas)
-        rproc, rport = start_router(ports, work, "hit")
-        procs.append(rproc)
-        _, us = asyncio.run(_post_all(f"http://127.0.0.1:{rport}", wl, args.hit_concurrency))
-        hits["router_process"] = hit_rate(us)
-        stop(rproc)
-        procs.remove(rproc)
-        for u in ups:
-            bg.run(u.stop())
-        if have_envoy:
+        result["hit_rate"] = []
+        for conc in [int(c) for c in str(args.hit_concurrency).split(",")]:
+            hits = {"concurrency": conc}
             ups, ports = start_upstreams(bg, args.replicas)
-            epp, gport, _ = start_epp(ports, work, "hit")
-            procs.append(epp)
-            gw = Envoy(work, gport, [f"127.0.0.1:{p}" for p in ports]).start()
-            procs.append(gw)
-            _, us = asyncio.run(_post_all(f"http://127.0.0.1:{gw.port}", wl, args.hit_concurrency))
-            hits["envoy_epp"] = hit_rate(us)
-            gw.stop()
-            stop(epp)
-            procs.remove(gw)
-            procs.remove(epp)
+            rproc, rport = start_router(ports, work, f"hit{conc}")
+            procs.append(rproc)
+            _, us = asyncio.run(_post_all(f"http://127.0.0.1:{rport}", wl, conc))
+            hits["router_process"] = hit_rate(us)
+            stop(rproc)
+            procs.remove(rproc)
             for u in ups:
                 bg.run(u.stop())
-        result["hit_rate"] = {"concurrency": args.hit_concurrency, **hits}
-        if "envoy_epp" in hits:
-            result["hit_rate"]["difference_points"] = 100 * (hits["envoy_epp"] - hits["router_process"])
-        print("hit rate " + ", ".join(f"{k} {v:.4f}" for k, v in hits.items()), file=sys.stderr)
+            if have_envoy:
+                ups, ports = start_upstreams(bg, args.replicas)
+                epp, gport, _ = start_epp(ports, work, f"hit{conc}")
+                procs.append(epp)
+                gw = Envoy(work, gport, [f"127.0.0.1:{p}" for p in ports]).start()
+                procs.append(gw)
+                _, us = asyncio.run(_post_all(f"http://127.0.0.1:{gw.port}", wl, conc))
+                hits["envoy_epp"] = hit_rate(us)
+                hits["difference_points"] = 100 * (hits["envoy_epp"] - hits["router_process"])
+                gw.stop()
+                stop(epp)
+                procs.remove(gw)
+                procs.remove(epp)
+                for u in ups:
+                    bg.run(u.stop())
+            result["hit_rate"].append(hits)
+            print(f"hit rate at {conc} clients: " + ", ".join(
+                f"{k} {v:.4f}" for k, v in hits.items() if k != "concurrency"), file=sys.stderr)
     finally:
         for p in procs:
             p.stop() if hasattr(p, "stop") and not isinstance(p, subprocess.Popen) else stop(p)
