@@ -210,3 +210,14 @@ def test_the_picker_objects_are_valid_kubernetes_objects():
     assert {d["kind"] for d in mine} == {"ServiceAccount", "Role", "RoleBinding", "Deployment",
                                          "Service", "NetworkPolicy"}
     assert k8s_validate(mine) == len(mine)
+
+
+def test_epp_values_lint_clean():
+    from helm_python import lint
+
+    from tests.chart.conftest import CHART
+    values = {**on(replicaCount=2, route={"hostnames": ["llm.example.com"], "timeout": "300s"}),
+              "models": [model("a"), model("b")]}
+    report = lint(str(CHART), values, strict=True)
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    assert not problems and not report["errors"], report
