@@ -50,7 +50,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
-    sys.path.append(str(REPO))       # tests.* helpers (append: the repo's operator/ must not shadow the stdlib)
+    # tests.* helpers (appended: the repo's operator/ must not shadow the stdlib's)
+    sys.path.append(str(REPO))
 
 
 def pct(xs, q):

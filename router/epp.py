@@ -257,7 +257,7 @@ class EndpointPicker:
         self.streams = 0
 
     # -- decisions ----------------------------------------------------------------------
-    def eligible(self, subset: list[str] | None, model: str | None = None):
+    def eligible(self, subset: list[str] | None):
         """Healthy upstreams, within the subset hint when there is one."""
         ups = [u for u in self.state.upstreams.values() if u.healthy]
         if subset is None:
@@ -297,7 +297,8 @@ class EndpointPicker:
         order = [rid] + self.fallbacks(ctx, tpk, p.model, allowed, rid)
         return Attempt(self, ctx, p, rid, order, forward_body(p), d["predicted_tokens"])
 
-    def fallbacks(self, ctx: RequestContext, tpk: float, model: str | None, allowed, chosen: int) -> list[int]:
+    def fallbacks(self, ctx: RequestContext, tpk: float, model: str | None, allowed,
+                  chosen: int) -> list[int]:
         k = self.epp.fallbacks
         if k <= 0:
             return []
