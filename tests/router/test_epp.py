@@ -339,3 +339,31 @@ def test_a_gateway_in_another_body_mode_is_told_loudly(caplog):
     with caplog.at_level("ERROR", logger="anchorage.router.epp"):
         assert m.Stream(picker).on_message(req) == []
     assert "FULL_DUPLEX_STREAMED" in caplog.text
+
+
+def test_recorded_envoy_cases_response_only_and_an_empty_end_of_stream_chunk():
+    """Two sequences from llm-d-router's hermetic ext_proc tests
+    (test/integration/epp/hermetic_test.go): a stream that starts at the response (a
+    gateway's local reply, "no healthy upstream"), echoed untouched; and an SSE answer
+    whose usage comes in the second chunk and whose end is an empty chunk."""
+    async def go():
+        async with Rig(2) as r:
+            ex = Exchange(r.stub)
+            p = await ex.send_response(503, {"content-type": "application/json"},
+                                       [b"no healthy upstream"], None)
+            assert p.response_body == b"no healthy upstream"
+            await ex.close()
+            ex = Exchange(r.stub)
+            p = await ex.send_request(request_headers(), body("s1", 0, stream=True))
+            sse = [b"data: {}\n\n",
+                   b'data: {"usage":{"prompt_tokens":7,"total_tokens":17,"completion_tokens":10}}'
+                   b"\n\ndata: [DONE]\n\n", b""]
+            p = await ex.send_response(200, {"content-type": "text/event-stream"}, sse,
+                                       p.endpoint.split(",")[0])
+            assert p.response_body == b"".join(sse)
+            await ex.close()
+            text = r.state.metrics_text().decode()
+            assert series(text, "anchorage_router_prompt_tokens_total") == 7
+            assert series(text, "anchorage_router_requests_total", outcome="ok") == 1
+            assert all(u.inflight == 0 for u in r.state.upstreams.values())
+    run(go())
