@@ -273,3 +273,75 @@ def test_leader_election_against_the_api_server(kube):
                     {**stale["spec"], "holderIdentity": "epp-b"})
     time.sleep(4.2)                    # a stops renewing
     assert b.step() is True and a.step() is False
+
+
+def test_the_charts_picker_rbac_is_enough_and_no_more_on_the_api_server(kube, tmp_path):
+    """The chart's rendered ServiceAccount, Role, RoleBinding and InferencePool applied to
+    the API server (the pool validated there by the Inference Extension's CRD); the
+    picker's discovery and election then run with that ServiceAccount's own token."""
+    from kubernetes import client, config
+    from kubernetes.client.rest import ApiException
+
+    from anchorage.router.lease import KubeLeaseAPI
+    from anchorage.router.pool import KubePoolAPI
+    from tests.chart.conftest import objects, render
+
+    admin, _ = _client(kube)
+    ext = client.ApiextensionsV1Api(admin)
+    try:
+        ext.create_custom_resource_definition(yaml.safe_load(CRD.read_text()))
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    core, rbac = client.CoreV1Api(admin), client.RbacAuthorizationV1Api(admin)
+    custom = client.CustomObjectsApi(admin)
+    core.create_namespace({"metadata": {"name": "llm"}})
+    docs = objects(render({"epp": {"enabled": True, "replicaCount": 2,
+                                   "route": {"parentRefs": [{"name": "gw"}]}}}))
+    mine = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    sa = mine[("ServiceAccount", "anc-anchorage-epp")]
+    core.create_namespaced_service_account("llm", sa)
+    rbac.create_namespaced_role("llm", mine[("Role", "anc-anchorage-epp")])
+    rbac.create_namespaced_role_binding("llm", mine[("RoleBinding", "anc-anchorage-epp")])
+    pool = mine[("InferencePool", "anc-anchorage-llama-8b")]
+    for _ in range(100):
+        try:
+            custom.create_namespaced_custom_object("inference.networking.k8s.io", "v1", "llm",
+                                                   "inferencepools", pool)
+            break
+        except ApiException as exc:
+            if exc.status != 404:          # the CRD is not established yet
+                raise
+            time.sleep(0.1)
+    # a model pod as the chart labels it, Ready
+    dep = mine[("Deployment", "anc-anchorage-llama-8b")]
+    p = {"apiVersion": "v1", "kind": "Pod",
+         "metadata": {"name": "llama-0", "labels": dep["spec"]["template"]["metadata"]["labels"]},
+         "spec": {"containers": [{"name": "vllm", "image": "vllm"}]}}
+    core.create_namespaced_pod("llm", p)
+    cur = admin.sanitize_for_serialization(core.read_namespaced_pod("llama-0", "llm"))
+    cur["status"] = pod("llama-0", "10.2.0.7")["status"]
+    core.replace_namespaced_pod_status("llama-0", "llm", cur)
+
+    kc = kube.service_account_kubeconfig(admin, "llm", "anc-anchorage-epp", tmp_path / "sa.kubeconfig")
+    as_epp = config.new_client_from_config(str(kc))
+    src = PoolSource(KubePoolAPI(as_epp), "llm", "anc-anchorage-llama-8b", pool_every_s=2)
+    seen: queue.Queue = queue.Queue()
+    threading.Thread(target=src.watch, args=(lambda u, n: seen.put(u),), daemon=True).start()
+    try:
+        assert seen.get(timeout=20) == ["http://10.2.0.7:8000"]
+    finally:
+        src.stop()
+    el = LeaseElector(KubeLeaseAPI(as_epp), "llm", "anc-anchorage-llama-8b-epp", "epp-0",
+                      duration_s=4, renew_s=1)
+    assert el.step() is True and el.step() is True          # create, then update
+    # and no more: another pool, another Lease, Secrets are refused
+    with pytest.raises(ApiException) as e1:
+        KubePoolAPI(as_epp).get_pool("llm", "someone-elses-pool")
+    other = LeaseElector(KubeLeaseAPI(as_epp), "llm", "someone-elses-lease", "epp-0")
+    assert other.step() is False                             # it cannot read that Lease
+    with pytest.raises(ApiException) as e2:
+        KubeLeaseAPI(as_epp).get("llm", "someone-elses-lease")
+    with pytest.raises(ApiException) as e3:
+        client.CoreV1Api(as_epp).list_namespaced_secret("llm")
+    assert e1.value.status == e2.value.status == e3.value.status == 403
