@@ -597,8 +597,11 @@ class EppServer:
     """The gRPC server (ext_proc + health), the router's background work, discovery,
     leader election and the metrics listener, in one event loop."""
 
-    def __init__(self, cfg: RouterConfig, epp: EppConfig) -> None:
+    def __init__(self, cfg: RouterConfig, epp: EppConfig, pool_api=None, lease_api=None) -> None:
+        """``pool_api``/``lease_api``: the Kubernetes adapters (``pool.KubePoolAPI``,
+        ``lease.KubeLeaseAPI`` when None: in cluster or the kubeconfig)."""
         self.cfg, self.epp_cfg = cfg, epp
+        self._pool_api, self._lease_api = pool_api, lease_api
         self.picker = EndpointPicker(cfg, epp)
         self.server = None
         self.ports: dict[str, int] = {}
@@ -646,7 +649,7 @@ class EppServer:
 
         from anchorage.router.pool import KubePoolAPI, PoolSource
         e = self.epp_cfg
-        src = PoolSource(KubePoolAPI(), e.pool_namespace, e.pool_name)
+        src = PoolSource(self._pool_api or KubePoolAPI(), e.pool_namespace, e.pool_name)
 
         def changed(urls, names):
             loop.call_soon_threadsafe(self._apply_pool, urls, names)
@@ -664,7 +667,8 @@ class EppServer:
         from anchorage.router.lease import KubeLeaseAPI, LeaseElector
         e = self.epp_cfg
         me = e.identity or os.environ.get("POD_NAME") or socket.gethostname()
-        el = LeaseElector(KubeLeaseAPI(), e.pool_namespace, e.lease_name or f"{e.pool_name}-epp",
+        el = LeaseElector(self._lease_api or KubeLeaseAPI(), e.pool_namespace,
+                          e.lease_name or f"{e.pool_name}-epp",
                           me, e.lease_duration_s, e.lease_renew_s,
                           lambda lead: loop.call_soon_threadsafe(self.readiness.set_leader, lead))
         threading.Thread(target=el.run, daemon=True).start()

@@ -14,7 +14,8 @@ gateway's health check sends every request to one routing state).
 ``LeaseElector`` runs it every ``renew_s`` against the API with optimistic concurrency
 (``resourceVersion``: a conflicting write is lost, not merged, so two replicas never both
 lead); a leader that cannot renew within ``duration_s`` of its last renewal steps down
-before another can take over. ``on_change(leading)`` reports each transition. RBAC:
+before another can take over, and one that stops gives the Lease up (``release``).
+``on_change(leading)`` reports each transition. RBAC:
 ``leases`` get, create, update in the pool's namespace.
 """
 
@@ -113,7 +114,25 @@ class LeaseElector:
         while not self._stop.is_set():
             self.step()
             self._stop.wait(self.renew_s)
-        self._set(False)
+        self.release()
+
+    def release(self) -> None:
+        """Stopping while leading: give the Lease up (no holder), so another replica takes
+        over at its next round instead of after the lease expires (client-go's
+        ``ReleaseOnCancel``)."""
+        if self.leading:
+            try:
+                obj = self.api.get(self.namespace, self.name)
+                if obj and (obj.get("spec") or {}).get("holderIdentity") == self.me:
+                    spec = {**obj["spec"], "holderIdentity": "", "leaseDurationSeconds": 1}
+                    self.api.replace(self.namespace, self.name,
+                                     obj["metadata"]["resourceVersion"], spec)
+            except Exception as exc:  # noqa: BLE001 - it expires by itself then
+                log.info("lease %s/%s not released (%s)", self.namespace, self.name, exc)
+        try:
+            self._set(False)
+        except RuntimeError:      # the process is shutting down (its event loop closed)
+            pass
 
     def stop(self) -> None:
         self._stop.set()

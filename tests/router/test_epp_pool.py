@@ -345,3 +345,64 @@ def test_the_charts_picker_rbac_is_enough_and_no_more_on_the_api_server(kube, tm
     with pytest.raises(ApiException) as e3:
         client.CoreV1Api(as_epp).list_namespaced_secret("llm")
     assert e1.value.status == e2.value.status == e3.value.status == 403
+
+
+def test_two_pickers_only_the_leader_is_ready_and_the_other_takes_over_when_it_stops():
+    import asyncio
+
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from anchorage.router.config import RouterConfig
+    from anchorage.router.epp import EppConfig, EppServer
+    from tests.router.fake_upstream import FakeUpstream
+    from tests.support.procs import free_port
+
+    SERVING = health_pb2.HealthCheckResponse.SERVING
+
+    async def go():
+        up = FakeUpstream("a")
+        port = await up.start()
+        pool = copy.deepcopy(POOL)
+        pool["spec"]["targetPorts"] = [{"number": port}]
+        pools = FakePoolAPI(pool, [pod("vllm-0", "127.0.0.1")])
+        leases = FakeLeaseAPI()
+        servers = {}
+        for me in ("a", "b"):
+            cfg = RouterConfig(discovery="inferencepool", health_interval_s=0.2).validate()
+            e = EppConfig(port=free_port(), pool_name="llama", pool_namespace="llm",
+                          # a long lease: a take-over before it expires is the release
+                          leader_election=True, lease_duration_s=60.0, lease_renew_s=0.1,
+                          identity=me).validate()
+            servers[me] = await EppServer(cfg, e, pool_api=pools, lease_api=leases).start()
+
+        async def status(me, svc="readiness"):
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{servers[me].ports['grpc']}") as ch:
+                r = await health_pb2_grpc.HealthStub(ch).Check(
+                    health_pb2.HealthCheckRequest(service=svc))
+                return r.status == SERVING
+
+        async def ready_set():
+            return {me for me in servers if await status(me)}
+        try:
+            for _ in range(100):
+                if len(await ready_set()) == 1:
+                    break
+                await asyncio.sleep(0.05)
+            (leader,) = await ready_set()
+            other = "b" if leader == "a" else "a"
+            assert leases.obj["spec"]["holderIdentity"] == leader
+            assert await status(other, "liveness")           # alive, not ready
+            # both discovered the pool's pod: the follower is warm
+            assert all(s.picker.state.upstreams for s in servers.values())
+            await servers.pop(leader).stop(0)
+            t0 = asyncio.get_running_loop().time()
+            while other not in await ready_set():
+                assert asyncio.get_running_loop().time() - t0 < 30, "no take-over"
+                await asyncio.sleep(0.05)
+            assert leases.obj["spec"]["holderIdentity"] == other
+        finally:
+            for s in servers.values():
+                await s.stop(0)
+            await up.stop()
+    asyncio.run(go())
