@@ -295,7 +295,7 @@ class EndpointPicker:
             raise errors.unavailable("no healthy replica could serve the request")
         rid = d["replica"]
         order = [rid] + self.fallbacks(ctx, tpk, p.model, allowed, rid)
-        return Attempt(self, ctx, p, rid, order, forward_body(p), d["predicted_tokens"])
+        return Attempt(self, ctx, p, rid, order, forward_body(p), d["predicted_tokens"], tpk)
 
     def fallbacks(self, ctx: RequestContext, tpk: float, model: str | None, allowed,
                   chosen: int) -> list[int]:
@@ -319,7 +319,8 @@ class EndpointPicker:
         if not ups:
             raise errors.unavailable("no healthy replica")
         views = self.state._views(ups)
-        order = rank_fallbacks(views, {}, 1.0, (), len(ups))
+        # every replica at max_inflight_per_replica: still one (no accounting here)
+        order = rank_fallbacks(views, {}, 1.0, (), len(ups)) or [u.id for u in ups]
         return Attempt(self, None, None, order[0], order[:1 + self.epp.fallbacks], raw, 0)
 
     def url_of(self, rid: int) -> str | None:
@@ -337,8 +338,9 @@ class Attempt:
     """One routed request, from the pick to its end (exactly one ``finish``)."""
 
     def __init__(self, epp: EndpointPicker, ctx, parsed, rid: int, order: list[int],
-                 body: bytes | None, predicted: int) -> None:
+                 body: bytes | None, predicted: int, tokens_per_key: float = 1.0) -> None:
         self.epp, self.ctx, self.p, self.rid = epp, ctx, parsed, rid
+        self.tpk = tokens_per_key
         self.endpoint = ",".join(hostport(epp.url_of(i)) for i in order)
         self.body, self.predicted = body, predicted
         self.accounted = ctx is not None     # pick() counted it in flight at rid
@@ -355,7 +357,9 @@ class Attempt:
 
     def served(self, endpoint: str | None) -> None:
         """The gateway reports the endpoint that answered: move the attempt there if it
-        fell back."""
+        fell back, as the proxy's retry after a connect error does (the picked replica's
+        attempt ends as a ``connect_error``; the policy picks again among the one replica
+        that served, so a session follows it)."""
         if not self.accounted or not endpoint:
             return
         endpoint = endpoint.split(",")[0].strip()
@@ -369,8 +373,7 @@ class Attempt:
         if other is None:
             self.accounted = False
             return
-        d = st.pick(self.ctx, [i for i in st.upstreams if i != other], 1.0, self.model,
-                    self.epp.url_of(other))
+        d = st.pick(self.ctx, [i for i in st.upstreams if i != other], self.tpk, self.model)
         if d.get("status") == "ok":
             self.rid, self.predicted = d["replica"], d["predicted_tokens"]
         else:

@@ -69,7 +69,8 @@ def register(sub) -> None:
                    help="proxy: the OpenAI-compatible router (default); epp: the endpoint "
                         "picker a Gateway API Inference Extension gateway calls (ext_proc)")
     e = p.add_argument_group("epp mode")
-    e.add_argument("--grpc-port", type=int, default=9002, help="ext_proc + gRPC health port")
+    e.add_argument("--grpc-port", type=int, default=9002,
+                   help="ext_proc + gRPC health port (default 9002)")
     e.add_argument("--grpc-health-port", type=int, default=0,
                    help="also serve grpc.health.v1 on this port (0: only --grpc-port)")
     e.add_argument("--metrics-port", type=int, default=0, help="HTTP /metrics port (0: none)")

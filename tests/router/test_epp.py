@@ -209,6 +209,9 @@ def test_a_gateway_fallback_moves_the_attempt_to_the_served_endpoint():
             assert f'outcome="connect_error",policy="agent",replica="{name[first]}"' in text
             assert f'outcome="ok",policy="agent",replica="{name[second]}"' in text
             assert all(u.inflight == 0 for u in st.upstreams.values())
+            # the session follows the replica that served it, as after the proxy's retry
+            p = await forward(r.stub, r.http, "/v1/completions", body("s1", 1))
+            assert p.endpoint.split(",")[0] == second
     run(go())
 
 
