@@ -1,8 +1,8 @@
 """The chart's endpoint-picker block (``epp``): off by default; on, an InferencePool per
-model that is valid for the Inference Extension's own CRD (tests/data/gaie, v1.6.0) and
+model that is valid for the Inference Extension's own CRD (tests/data/crds, v1.6.0) and
 selects that model's pods on their engine port, its picker Deployment/Service (the
 InferencePool's ``endpointPickerRef``), least-privilege RBAC, the HTTPRoute from the
-user's gateway, and every value reaching `anchorage router --mode epp` through the real
+user's gateway (valid for Gateway API v1.6.1's CRD), and every value reaching `anchorage router --mode epp` through the real
 CLI parser."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import yaml
 
 from tests.chart.conftest import by_kind, k8s_validate, model, objects, one, render
 
-CRD = Path(__file__).resolve().parents[1] / "data" / "gaie" / "inference.networking.k8s.io_inferencepools.yaml"
+CRD = Path(__file__).resolve().parents[1] / "data" / "crds" / "inference.networking.k8s.io_inferencepools.yaml"
+ROUTE_CRD = CRD.parent / "gateway.networking.k8s.io_httproutes.yaml"
 GW = [{"name": "inference-gateway", "namespace": "gateway-system"}]
 
 
@@ -27,6 +28,12 @@ def on(**epp) -> dict:
 
 def pool_schema() -> dict:
     crd = yaml.safe_load(CRD.read_text())
+    (v1,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+    return v1["schema"]["openAPIV3Schema"]
+
+
+def route_schema() -> dict:
+    crd = yaml.safe_load(ROUTE_CRD.read_text())
     (v1,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
     return v1["schema"]["openAPIV3Schema"]
 
@@ -162,8 +169,10 @@ def test_rbac_is_least_privilege():
 
 def test_the_httproute_attaches_to_the_users_gateway_and_routes_to_the_pools():
     docs = objects(render(on(route={"hostnames": ["llm.example.com"], "timeout": "300s"})))
+    import jsonschema
     route = one(docs, "HTTPRoute")
     assert route["apiVersion"] == "gateway.networking.k8s.io/v1"
+    jsonschema.Draft7Validator(route_schema()).validate(route)   # Gateway API v1.6.1's CRD
     assert route["spec"]["parentRefs"] == GW and route["spec"]["hostnames"] == ["llm.example.com"]
     (rule,) = route["spec"]["rules"]
     assert rule["backendRefs"] == [{"group": "inference.networking.k8s.io", "kind": "InferencePool",
@@ -172,6 +181,11 @@ def test_the_httproute_attaches_to_the_users_gateway_and_routes_to_the_pools():
     assert rule["timeouts"] == {"request": "300s"}
     # several models: one rule per model, by the model header the gateway's BBR sets
     two = objects(render({**on(), "models": [model("a"), model("b", servedModelName="bee")]}))
+    jsonschema.Draft7Validator(route_schema()).validate(one(two, "HTTPRoute"))
+    bad = one(two, "HTTPRoute") | {"spec": {"parentRefs": GW, "rules": [{"backendRefs": [
+        {"group": "inference.networking.k8s.io", "kind": "InferencePool"}]}]}}
+    with pytest.raises(jsonschema.ValidationError):          # (a backendRef needs a name)
+        jsonschema.Draft7Validator(route_schema()).validate(bad)
     rules = one(two, "HTTPRoute")["spec"]["rules"]
     assert [(r["matches"][0]["headers"][0]["value"], r["backendRefs"][0]["name"]) for r in rules] \
         == [("a", "anc-anchorage-a"), ("bee", "anc-anchorage-b")]

@@ -1,7 +1,7 @@
 """EPP discovery and leader election: the pure rules on recorded API objects, the
 elector's race with optimistic concurrency, and both adapters against a real
 kube-apiserver 1.20 on loopback (tests/support/k8s) with the Inference Extension's own
-InferencePool CRD (tests/data/gaie, v1.6.0)."""
+InferencePool CRD (tests/data/crds, v1.6.0)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from anchorage.router.pool import PoolSource, pod_ready, pool_endpoints, selecto
 from tests.conftest import need
 
 pytestmark = pytest.mark.filterwarnings("ignore:Unverified HTTPS request")
-CRD = Path(__file__).resolve().parents[1] / "data" / "gaie" / "inference.networking.k8s.io_inferencepools.yaml"
+CRD = Path(__file__).resolve().parents[1] / "data" / "crds" / "inference.networking.k8s.io_inferencepools.yaml"
 
 # as the API returns them (trimmed of managedFields)
 POOL = {"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
