@@ -99,6 +99,11 @@ class EppConfig:
     tls: bool = False
     tls_cert_file: str = ""
     tls_key_file: str = ""
+    # decision sharing (epp_peers): the leader sends its decisions to the followers'
+    # HTTP port (metrics_port): static URLs and/or the label selector of the pickers' pods
+    peers: list[str] = field(default_factory=list)
+    peer_selector: str = ""
+    peer_port: int = 0                  # default: metrics_port
     extra: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> "EppConfig":
@@ -121,6 +126,16 @@ class EppConfig:
             raise ValueError("a TLS certificate needs tls on")
         if self.tls and self.health_port == self.port:
             raise ValueError("the health port must differ from the TLS ext_proc port")
+        if self.peers or self.peer_selector:
+            if not self.leader_election:
+                raise ValueError("sharing decisions (peers / peer_selector) is between a "
+                                 "leader and its followers: it needs leader election")
+            if not self.metrics_port:
+                raise ValueError("sharing decisions needs metrics_port (the followers "
+                                 "receive them on that HTTP port)")
+        for u in self.peers:
+            if not u.startswith(("http://", "https://")):
+                raise ValueError(f"peer URL must start with http:// or https://: {u!r}")
         if self.extra:
             raise ValueError(f"unknown EPP setting(s): {', '.join(sorted(self.extra))}")
         return self
@@ -611,6 +626,8 @@ class EppServer:
         self.readiness: Readiness | None = None
         self._threads: list = []
         self._metrics_runner = None
+        self.share = None
+        self._tasks: list = []
 
     async def start(self) -> "EppServer":
         import grpc
@@ -643,9 +660,36 @@ class EppServer:
             self.readiness.set_synced(bool(self.cfg.replicas))
         if e.leader_election:
             self._start_election(loop)
+        if e.peers or e.peer_selector:
+            self._start_sharing(loop)
         if e.metrics_port:
             await self._start_metrics()
         return self
+
+    def _start_sharing(self, loop) -> None:
+        from anchorage.router.epp_peers import DecisionShare
+        if not self.cfg.trusted_token:
+            raise ValueError("sharing decisions between pickers needs the internal token "
+                             "(ANCHORAGE_INTERNAL_TOKEN)")
+        e = self.epp_cfg
+        self.share = DecisionShare(self.picker.state, self.picker.core.session,
+                                   self.cfg.trusted_token, self.cfg.sync_interval_s,
+                                   lambda: self.readiness.leader, e.peers)
+        self._tasks.append(loop.create_task(self.share.push_loop()))
+        if e.peer_selector:
+            import threading
+
+            from anchorage.router.epp_peers import PeerPods
+            from anchorage.router.pool import KubePoolAPI
+            static = list(e.peers)
+
+            def changed(urls):
+                loop.call_soon_threadsafe(setattr, self.share, "peers",
+                                          sorted(set(static) | set(urls)))
+            pp = PeerPods(self._pool_api or KubePoolAPI(), e.pool_namespace, e.peer_selector,
+                          e.peer_port or e.metrics_port, os.environ.get("POD_IP", ""), changed)
+            threading.Thread(target=pp.run, daemon=True).start()
+            self._threads.append(pp)
 
     def _start_pool(self, loop) -> None:
         import threading
@@ -683,8 +727,11 @@ class EppServer:
         async def metrics(_req):
             return web.Response(body=self.picker.state.metrics_text(),
                                 content_type="text/plain", charset="utf-8")
-        app = web.Application()
+        app = web.Application(client_max_size=32 << 20)
         app.router.add_get("/metrics", metrics)
+        if self.share is not None:
+            from anchorage.router.pods import PATH
+            app.router.add_post(PATH, self.share.receive)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, self.epp_cfg.host, self.epp_cfg.metrics_port)
@@ -693,6 +740,8 @@ class EppServer:
         self.ports["metrics"] = site._server.sockets[0].getsockname()[1]
 
     async def stop(self, grace_s: float = 2.0) -> None:
+        for t in self._tasks:
+            t.cancel()
         for t in self._threads:
             t.stop()
         if self.server is not None:

@@ -82,6 +82,13 @@ def register(sub) -> None:
     e.add_argument("--leader-election", action="store_true",
                    help="ready only while holding the Lease <pool>-epp (several EPP replicas)")
     e.add_argument("--lease-name", default="", help="the Lease's name (default <pool>-epp)")
+    e.add_argument("--epp-peers", default="",
+                   help="comma-separated HTTP URLs (their --metrics-port) of the other pickers "
+                        "of this pool: the leader sends them its decisions (needs "
+                        "--leader-election, --metrics-port, ANCHORAGE_INTERNAL_TOKEN)")
+    e.add_argument("--epp-peer-selector", default="",
+                   help="label selector of the other pickers' pods (found as --pool-name "
+                        "finds engines; their --metrics-port): as --epp-peers")
     e.add_argument("--secure-serving", action="store_true",
                    help="TLS on --grpc-port (self-signed unless --cert-file/--key-file): "
                         "what the Inference Extension's gateways expect by default")
@@ -131,7 +138,9 @@ def make_epp_config(args):
                   pool_name=args.pool_name, pool_namespace=args.pool_namespace,
                   leader_election=args.leader_election, lease_name=args.lease_name,
                   tls=args.secure_serving, tls_cert_file=args.cert_file,
-                  tls_key_file=args.key_file)
+                  tls_key_file=args.key_file,
+                  peers=[u.strip() for u in args.epp_peers.split(",") if u.strip()],
+                  peer_selector=args.epp_peer_selector)
     try:
         return e.validate()
     except ValueError as exc:
@@ -149,6 +158,9 @@ def run_epp(args) -> int:
     if args.pool_name and args.replicas:
         raise CLIError("--mode epp: give --replicas or --pool-name, not both")
     cfg, epp = make_config(args), make_epp_config(args)
+    if (epp.peers or epp.peer_selector) and not cfg.trusted_token:
+        raise CLIError("sharing decisions between pickers (--epp-peers / --epp-peer-selector) "
+                       "needs the internal token (ANCHORAGE_INTERNAL_TOKEN)")
     if args.print_config:
         print(json.dumps({**cfg.to_dict(), "epp": asdict(epp)}, indent=1))
         return 0

@@ -406,3 +406,88 @@ def test_two_pickers_only_the_leader_is_ready_and_the_other_takes_over_when_it_s
                 await s.stop(0)
             await up.stop()
     asyncio.run(go())
+
+
+def test_the_leader_shares_its_decisions_so_a_follower_takes_over_warm():
+    import asyncio
+    import json as _json
+
+    import aiohttp
+    import grpc
+    from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as epg
+
+    from anchorage.router.config import RouterConfig
+    from anchorage.router.epp import EppConfig, EppServer
+    from tests.router.epp_client import forward
+    from tests.router.fake_upstream import FakeUpstream
+    from tests.support.procs import free_port
+
+    def body(s, turn):
+        prompt = [s + 1] * 16 + list(range(100, 100 + 64 * (turn + 1)))
+        return _json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": 1,
+                            "session_id": f"s{s}"}).encode()
+
+    async def go():
+        ups = [FakeUpstream(c) for c in "abc"]
+        ports = [await u.start() for u in ups]
+        pods = [pod(f"vllm-{i}", "127.0.0.1") for i in range(1)]
+        pool = copy.deepcopy(POOL)
+        pool["spec"]["targetPorts"] = [{"number": p} for p in ports]
+        pools, leases = FakePoolAPI(pool, pods), FakeLeaseAPI()
+        mports = {"a": free_port(), "b": free_port()}
+        servers = {}
+        for me, other in (("a", "b"), ("b", "a")):
+            cfg = RouterConfig(discovery="inferencepool", health_interval_s=0.2,
+                               trusted_token="t" * 32, sync_interval_s=0.05).validate()
+            e = EppConfig(port=free_port(), metrics_port=mports[me], pool_name="llama",
+                          pool_namespace="llm", leader_election=True, lease_duration_s=60,
+                          lease_renew_s=0.1, identity=me,
+                          peers=[f"http://127.0.0.1:{mports[other]}"]).validate()
+            servers[me] = await EppServer(cfg, e, pool_api=pools, lease_api=leases).start()
+            if me == "a":                      # a leads
+                for _ in range(100):
+                    if servers["a"].readiness.ready:
+                        break
+                    await asyncio.sleep(0.05)
+        assert servers["a"].readiness.ready and not servers["b"].readiness.leader
+        for _ in range(100):                   # both know the replicas and their models
+            if all(u.models for s in servers.values() for u in s.picker.state.upstreams.values()):
+                break
+            await asyncio.sleep(0.05)
+        homes = {}
+        async with aiohttp.ClientSession() as http:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{servers['a'].ports['grpc']}") as ch:
+                stub = epg.ExternalProcessorStub(ch)
+                for turn in range(2):
+                    for s in range(6):
+                        p = await forward(stub, http, "/v1/completions", body(s, turn))
+                        homes.setdefault(s, set()).add(p.endpoint.split(",")[0])
+            assert all(len(h) == 1 for h in homes.values()), homes
+            assert len({next(iter(h)) for h in homes.values()}) > 1    # spread over replicas
+            for _ in range(100):
+                if servers["b"].share.applied >= 12:
+                    break
+                await asyncio.sleep(0.05)
+            assert servers["b"].share.applied == 12 and servers["a"].share.sent >= 1
+            await servers.pop("a").stop(0)             # the leader goes; b takes over
+            for _ in range(200):
+                if servers["b"].readiness.ready:
+                    break
+                await asyncio.sleep(0.05)
+            assert servers["b"].readiness.ready
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{servers['b'].ports['grpc']}") as ch:
+                stub = epg.ExternalProcessorStub(ch)
+                # each session stays where it was (in another order than the leader saw
+                # them: a cold picker would place them afresh, by load)
+                for s in reversed(range(6)):
+                    p = await forward(stub, http, "/v1/completions", body(s, 2))
+                    assert {p.endpoint.split(",")[0]} == homes[s], (s, p.endpoint, homes[s])
+            # an unauthorised batch is refused and changes nothing
+            async with http.post(f"http://127.0.0.1:{mports['b']}/internal/v1/peer-decisions",
+                                 data=b"[]", headers={"x-anchorage-internal": "wrong"}) as r:
+                assert r.status == 403
+        for s in servers.values():
+            await s.stop(0)
+        for u in ups:
+            await u.stop()
+    asyncio.run(go())
