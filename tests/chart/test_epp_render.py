@@ -235,3 +235,33 @@ def test_epp_values_lint_clean():
     report = lint(str(CHART), values, strict=True)
     problems = [m for m in report["messages"] if m["severity"] >= 2]
     assert not problems and not report["errors"], report
+
+
+def test_decision_sharing_reaches_the_picker_and_needs_the_token():
+    from anchorage.cli import build_parser
+    from anchorage.commands.router import make_epp_config
+
+    token = [{"name": "ANCHORAGE_INTERNAL_TOKEN",
+              "valueFrom": {"secretKeyRef": {"name": "epp-token", "key": "token"}}}]
+    docs = objects(render(on(replicaCount=2, shareDecisions=True, extraEnv=token)))
+    c = _container(one(docs, "Deployment", "-epp"))
+    e = make_epp_config(build_parser().parse_args(c["args"]))
+    assert e.leader_election and e.peer_selector == (
+        "app.kubernetes.io/instance=anc,app.kubernetes.io/component=epp,"
+        "anchorage.dev/model=llama-8b")
+    dep = one(docs, "Deployment", "-epp")
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert all(labels[k] == v for k, v in (x.split("=") for x in e.peer_selector.split(",")))
+    env = {x["name"] for x in c["env"]}
+    assert {"ANCHORAGE_INTERNAL_TOKEN", "POD_IP"} <= env
+    np = one(docs, "NetworkPolicy", "-epp")
+    peers = np["spec"]["ingress"][1]["from"]
+    assert {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "anchorage",
+                                            "app.kubernetes.io/instance": "anc",
+                                            "app.kubernetes.io/component": "epp"}}} in peers
+    with pytest.raises(Exception, match="ANCHORAGE_INTERNAL_TOKEN"):
+        render(on(replicaCount=2, shareDecisions=True))
+    # one picker, or sharing off: no peers
+    for v in (on(shareDecisions=True, extraEnv=token), on(replicaCount=2)):
+        c = _container(one(objects(render(v)), "Deployment", "-epp"))
+        assert not make_epp_config(build_parser().parse_args(c["args"])).peer_selector
