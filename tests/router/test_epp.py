@@ -303,6 +303,7 @@ def test_health_liveness_and_readiness():
 
 
 def test_the_cli_validates_epp_mode_and_prints_its_config():
+    import os
     import subprocess
     import sys
 
@@ -324,8 +325,15 @@ def test_the_cli_validates_epp_mode_and_prints_its_config():
                        (["--replicas", "http://a:1", "--pool-name", "p"], "not both"),
                        (["--replicas", "http://a:1", "--leader-election"], "InferencePool"),
                        (["--replicas", "http://a:1", "--fallbacks", "-1"], "fallbacks"),
-                       ([], "at least one replica")):
-        r = subprocess.run(base + bad, capture_output=True, text=True, timeout=60)
+                       ([], "at least one replica"),
+                       (["--replicas", "http://a:1", "--epp-peers", "http://b:9"],
+                        "leader election"),
+                       (["--pool-name", "p", "--leader-election", "--epp-peers", "http://b:9"],
+                        "metrics_port"),
+                       (["--pool-name", "p", "--leader-election", "--metrics-port", "9090",
+                         "--epp-peers", "http://b:9"], "internal token")):
+        env = {k: v for k, v in os.environ.items() if k != "ANCHORAGE_INTERNAL_TOKEN"}
+        r = subprocess.run(base + bad, capture_output=True, text=True, timeout=60, env=env)
         assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, (bad, r.stderr)
 
 
