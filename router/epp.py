@@ -40,6 +40,8 @@ Health: ``grpc.health.v1.Health`` on the same server (and ``health_port``): ``li
 is SERVING while the process runs; ``readiness``, ``""`` and
 ``envoy.service.ext_proc.v3.ExternalProcessor`` are SERVING once the endpoints are known
 (static list, or the InferencePool read) and, with leader election, only on the leader.
+Several pickers: the Lease elects the leader (``lease``); with ``peers``/``peer_selector``
+the leader's decisions reach the followers (``epp_peers``), so a take-over routes warm.
 """
 
 from __future__ import annotations
