@@ -6,6 +6,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 INGRESS = ("haproxy", "serve")
+# "inferencepool": the EPP mode's (router/epp.py follows the pool; the proxy never sets it)
+DISCOVERY = ("static", "kubernetes", "inferencepool")
 # Secrets come from the environment, never from flags or the Serve config (and never in
 # repr, logs or --print-config): field -> variable.
 SECRET_ENV = {"tenant_secret": "ANCHORAGE_TENANT_SECRET",
@@ -59,7 +61,7 @@ class RouterConfig:
     health_interval_s: float = 2.0
     health_timeout_s: float = 1.0
     eject_after_failures: int = 2          # transport failures of distinct requests
-    # discovery: "static" or "kubernetes"
+    # discovery: "static", "kubernetes" (Endpoints) or "inferencepool" (EPP mode)
     discovery: str = "static"
     k8s_namespace: str = "default"
     k8s_selector: str = ""                 # label selector of the replicas' Endpoints
@@ -90,8 +92,9 @@ class RouterConfig:
 
     def validate(self) -> "RouterConfig":
         from anchorage.routing import make_router
-        if self.discovery not in ("static", "kubernetes"):
-            raise ValueError(f"discovery must be 'static' or 'kubernetes', not {self.discovery!r}")
+        if self.discovery not in DISCOVERY:
+            raise ValueError(f"discovery must be one of {', '.join(DISCOVERY)}, "
+                             f"not {self.discovery!r}")
         if self.discovery == "static" and not self.replicas:
             raise ValueError("static discovery needs at least one replica URL")
         for u in self.replicas:
