@@ -29,6 +29,7 @@ as SGLang's tree is bounded by ``max_tree_size`` and not by the worker's memory)
 
 from __future__ import annotations
 
+from itertools import repeat
 from typing import Sequence
 
 from anchorage.policies.base import RequestContext
@@ -50,10 +51,8 @@ def cache_aware_pick(keys: Sequence, replicas: Sequence[ReplicaView], pos: Seque
     if matches is None:
         matches = index.match(keys)
     if matches:
-        if len(pos) != len(replicas):
-            healthy = {replicas[p].index for p in pos}
-            matches = {i: m for i, m in matches.items() if i in healthy}
-        best = max(matches.values(), default=0)
+        # over the replicas offered (the index may know others: ejected, excluded)
+        best = max(map(matches.get, (replicas[p].index for p in pos), repeat(0)))
         if keys and best / len(keys) > cache_threshold:
             return min((p for p in pos if matches.get(replicas[p].index, 0) == best),
                        key=by_load)

@@ -51,3 +51,15 @@ def test_precise_prefix_follows_kv_events_only():
     assert r.predicted_hit_blocks(c, 2) == 2
     r.on_kv_event(2, AllBlocksCleared())
     assert r.predicted_hit_blocks(c, 2) == 0
+
+
+def test_a_match_on_a_replica_not_offered_does_not_break_the_choice():
+    # the index still knows replica 2 (ejected, or excluded for a retry): the choice is
+    # among the replicas offered
+    from anchorage.routing import make_router
+    from tests.routing.helpers import ctx, route, views
+    for name in ("prefix", "agent"):
+        r = make_router(name)
+        keys = list(range(40))
+        route(r, ctx(keys), views(3)[2:])          # only replica 2 offered: it holds keys
+        assert r.pick(ctx(keys + [99]), views(2)) in (0, 1), name
