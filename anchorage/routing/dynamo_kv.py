@@ -9,9 +9,11 @@ tokens and keys ``K`` (``b`` tokens per block), for each healthy worker ``w``:
 
 - ``device_w``, ``host_w``: leading blocks of ``K`` cached on ``w``'s GPU, and the prefix's
   continuation in its host tier, from the workers' KV events per medium
-  (``BlockStored`` / ``BlockRemoved``, ``medium`` GPU or CPU: Dynamo's tier-aware indexer,
-  fed by KVBM's event consolidator, which reports a block's G1 and G2 residency, or by
-  vLLM's offloading connector; ``TieredPrefixIndex``);
+  (``BlockStored`` / ``BlockRemoved``, ``medium`` GPU or CPU; ``TieredPrefixIndex``):
+  Dynamo's tier-aware indexer over vLLM's offloading connector's self-describing events,
+  or, with KVBM, a merged device-tier view (KVBM's event consolidator removes a block only
+  when no tier holds it: ``host_cache_hit_weight`` 1.0 is that view;
+  ``docs/components/router/router-offloading.md``);
 - ``overlap_credit_w = overlap_score_credit * device_w + host_cache_hit_weight * host_w``
   (``--router-kv-overlap-score-credit`` 1.0, ``--router-host-cache-hit-weight`` 0.75:
   ``config.rs`` ``default_host_cache_hit_weight``; disk and shared tiers: none here);

@@ -25,7 +25,9 @@ def test_every_peer_named_and_configured_as_it_ships():
     d = get_stack("dynamo")
     assert d.router == "dynamo_kv" and d.tiering == "store-all"
     assert d.router_kwargs(256)["block_size"] == 256
-    assert d.router_params["host_cache_hit_weight"] == 0.75     # Dynamo config.rs default
+    # KVBM: a merged device-tier view (full credit); vLLM's connector: tier-aware, 0.75
+    assert d.router_params["host_cache_hit_weight"] == 1.0
+    assert get_stack("dynamo-offloading").router_params["host_cache_hit_weight"] == 0.75
     t = get_stack("llm-d-tiered")
     assert t.router == "llm_d_tiered" and t.tiering == "store-all"
     assert t.router_kwargs(256, 7000) == {"cpu_capacity_blocks": 7000}

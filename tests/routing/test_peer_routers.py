@@ -200,3 +200,16 @@ def test_dynamo_credits_the_host_continuation_at_its_host_cache_hit_weight():
     # the deprecated overlap_score_weight is the prefill load scale (0 also zeroes the credit)
     assert make_router("dynamo_kv", overlap_score_weight=2.0).overlap_score_weight == 2.0
     assert make_router("dynamo_kv", overlap_score_weight=0.0).overlap_score_credit == 0.0
+
+
+def test_dynamo_with_full_host_credit_is_kvbms_merged_device_view():
+    """KVBM (docs/components/router/router-offloading.md): a block held in host memory stays
+    in the router's index as a device block: the cost equals a GPU-only index holding it."""
+    keys = list(range(20))
+    merged = make_router("dynamo_kv", block_size=16, host_cache_hit_weight=1.0)
+    merged.on_kv_event(0, BlockStored(keys=keys[:5]))
+    merged.on_kv_event(0, BlockStored(keys=keys, medium=CPU))
+    device = make_router("dynamo_kv", block_size=16)
+    device.on_kv_event(0, BlockStored(keys=keys))
+    c = ctx(keys + [99])
+    assert merged.logits(c, views(1), [0]) == pytest.approx(device.logits(c, views(1), [0]))

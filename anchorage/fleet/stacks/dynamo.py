@@ -7,11 +7,22 @@ Sources: ai-dynamo/dynamo ``lib/kv-router/src/scheduling/selector/default.rs``
 ``dynamo_kv``), ``docs/router/kv_cache_routing.md``; KVBM (the block manager's host pool,
 G2): every block stored to host memory, LRU, loaded on a prefix hit (tiering
 ``store-all``); its workers onboard blocks asynchronously (``sync_load_max_s`` 0, as vLLM's
-offloading connector: the request is prefilled in a later step). The router's index is
-tier-aware: KVBM's event consolidator (``lib/llm/src/block_manager/kv_consolidator``)
-reports each block's G1/G2 residency (a block leaves the index only when no tier holds it),
-and the router credits a host-held continuation of the prefix with
-``host_cache_hit_weight`` (the simulator's CPU-medium events, ``TieredPrefixIndex``).
+offloading connector: the request is prefilled in a later step). What the router sees of
+the host tier (``docs/components/router/router-offloading.md``, "Offloading Support
+Matrix"), two documented ways:
+
+- KVBM (the row, ``dynamo``): "offloaded blocks stay in the router's index as a merged
+  device-tier view: a block evicted from GPU but held in KVBM CPU or disk still earns
+  routing credit. Per-tier weights do not apply" (KVBM's event consolidator,
+  ``lib/llm/src/block_manager/kv_consolidator``, removes a block only when no tier holds
+  it): a host-held continuation of the prefix is credited as the device's,
+  ``host_cache_hit_weight`` 1.0;
+- vLLM's ``OffloadingConnector`` with self-describing events (``dynamo-offloading``, role
+  ``ablation``): tier-aware, a host-held continuation credited at
+  ``--router-host-cache-hit-weight``, default 0.75 (``config.rs``
+  ``default_host_cache_hit_weight``).
+
+Both read the simulator's CPU-medium events (``TieredPrefixIndex``).
 ThunderAgent (HaoKang-Timmy/ThunderAgent ``ThunderAgent/scheduler/router.py``,
 ``backend/state.py``; program gate ``thunderagent``): a program-aware proxy in front of
 the workers that pauses programs in tool calls when a worker's KV capacity is exceeded and
@@ -28,13 +39,22 @@ SRC = ("dynamo lib/kv-router/src/scheduling/selector/default.rs worker_logit, co
 
 ASYNC = {"sync_load_max_s": 0.0}
 
+ROUTER = {"prefill_load_scale": 1.0, "overlap_score_credit": 1.0, "temperature": 0.0,
+          "block_size": "$block_size"}
+
 STACKS = {
     "dynamo": StackSpec(
-        name="dynamo", peer="Dynamo KV router (host-tier credit) + KVBM", source=SRC,
-        router="dynamo_kv",
-        router_params={"prefill_load_scale": 1.0, "overlap_score_credit": 1.0,
-                       "host_cache_hit_weight": 0.75, "temperature": 0.0,
-                       "block_size": "$block_size"},
+        name="dynamo", peer="Dynamo KV router + KVBM (merged GPU+host index)",
+        source=SRC + "; docs/components/router/router-offloading.md (KVBM: merged view)",
+        router="dynamo_kv", router_params={**ROUTER, "host_cache_hit_weight": 1.0},
+        policy="lru", admission="fcfs", tiering="store-all", tiering_params=dict(ASYNC),
+        long_prefill_tokens=PREFILL_CAP),
+    "dynamo-offloading": StackSpec(
+        name="dynamo-offloading", role="ablation",
+        peer="Dynamo KV router (host credit 0.75) + vLLM OffloadingConnector",
+        source=SRC + "; docs/components/router/router-offloading.md (vLLM OffloadingConnector, "
+                     "self-describing events: tier-aware)",
+        router="dynamo_kv", router_params={**ROUTER, "host_cache_hit_weight": 0.75},
         policy="lru", admission="fcfs", tiering="store-all", tiering_params=dict(ASYNC),
         long_prefill_tokens=PREFILL_CAP),
     "dynamo+thunderagent": StackSpec(
