@@ -36,7 +36,8 @@ capacity, ``autoTune``) and ``cpu-prefix-cache-scorer`` 1.0 (the same scorer wit
 with ``capacity_from_view`` False and ``cpu_capacity_blocks``, which the fleet sets to the
 replica's host-tier capacity as the guide sizes it to ``cpu_bytes_to_use``); max-score
 picker. Parameters: ``queue_weight`` 2, ``kv_weight`` 2, ``gpu_prefix_weight`` 1,
-``cpu_prefix_weight`` 1, ``cpu_capacity_blocks`` (required, > 0), ``seed`` 0.
+``cpu_prefix_weight`` 1, ``cpu_capacity_blocks`` (> 0; default 41,000, the guide's value, "~100GB
+for Qwen-32B"; the fleet sets the replica's host tier), ``seed`` 0.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def llm_d_router(prefix_weight: float = 2.0, kv_weight: float = 1.0,
     return r
 
 
-def llm_d_tiered_router(cpu_capacity_blocks: int, queue_weight: float = 2.0,
+def llm_d_tiered_router(cpu_capacity_blocks: int = 41_000, queue_weight: float = 2.0,
                         kv_weight: float = 2.0, gpu_prefix_weight: float = 1.0,
                         cpu_prefix_weight: float = 1.0, seed: int = 0) -> CompositeRouter:
     if not isinstance(cpu_capacity_blocks, int) or cpu_capacity_blocks <= 0:
