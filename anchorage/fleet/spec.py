@@ -109,14 +109,19 @@ class StackSpec:
 
     def router_kwargs(self, block_size: int, host_blocks: int | None = None) -> dict:
         subst = {"$block_size": block_size, "$host_blocks": host_blocks}
-        out = {}
-        for k, v in self.router_params.items():
+
+        def sub(v):  # nested too: a composite router's scorer parameters
+            if isinstance(v, dict):
+                return {k: sub(x) for k, x in v.items()}
+            if isinstance(v, list):
+                return [sub(x) for x in v]
             if isinstance(v, str) and v in subst:
                 if subst[v] is None:
                     raise ValueError(f"stack {self.name!r}: {v} needs a host tier")
-                v = subst[v]
-            out[k] = v
-        return out
+                return subst[v]
+            return v
+
+        return sub(dict(self.router_params))
 
     @property
     def has_host_tier(self) -> bool:

@@ -26,7 +26,8 @@ Parameters: the weights (``prefix_weight`` 2.0, ``kv_weight`` 1.0, ``queue_weigh
 ``medium_weights`` (``{"GPU": 1.0, "CPU": 0.8}``), ``normalization`` (``"absolute"``) and
 ``seed`` (0).
 
-Spec (``llm_d_tiered``): the router of llm-d's tiered-prefix-cache guide for CPU offloading
+Spec (``llm_d_tiered_router``, ``tiered_guide_params``: a ``composite`` router's
+parameters): the router of llm-d's tiered-prefix-cache guide for CPU offloading
 (llm-d/llm-d ``guides/tiered-prefix-cache/cpu/router/tiered-prefix-cache-cpu.values.yaml``,
 profile ``default``; read in the zetxqx/llm-d mirror, commit 7808df6): ``queue-scorer``
 weight 2, ``kv-cache-utilization-scorer`` 2.0, ``gpu-prefix-cache-scorer`` 1.0 (the
@@ -60,23 +61,29 @@ def llm_d_router(prefix_weight: float = 2.0, kv_weight: float = 1.0,
     return r
 
 
-def llm_d_tiered_router(cpu_capacity_blocks: int = 41_000, queue_weight: float = 2.0,
+def tiered_guide_params(cpu_capacity_blocks: int | str = 41_000, queue_weight: float = 2.0,
                         kv_weight: float = 2.0, gpu_prefix_weight: float = 1.0,
-                        cpu_prefix_weight: float = 1.0, seed: int = 0) -> CompositeRouter:
+                        cpu_prefix_weight: float = 1.0, seed: int = 0) -> dict:
+    """The tiered-prefix-cache guide's profile as ``composite`` router parameters
+    (``cpu_capacity_blocks`` may be the fleet's ``"$host_blocks"``)."""
+    return {"filters": ["healthy"],
+            "scorers": [{"name": "waiting_queue", "weight": queue_weight},
+                        {"name": "kv_usage", "weight": kv_weight},
+                        {"name": "prefix", "weight": gpu_prefix_weight},
+                        {"name": "prefix", "weight": cpu_prefix_weight,
+                         "capacity_blocks": cpu_capacity_blocks, "capacity_from_view": False}],
+            "picker": "max_score", "seed": seed}
+
+
+def llm_d_tiered_router(cpu_capacity_blocks: int = 41_000, **weights) -> CompositeRouter:
     if not isinstance(cpu_capacity_blocks, int) or cpu_capacity_blocks <= 0:
         raise ValueError(f"cpu_capacity_blocks must be an integer > 0, got "
                          f"{cpu_capacity_blocks!r}")
-    r = CompositeRouter(filters=["healthy"],
-                        scorers=[{"name": "waiting_queue", "weight": queue_weight},
-                                 {"name": "kv_usage", "weight": kv_weight},
-                                 {"name": "prefix", "weight": gpu_prefix_weight},
-                                 {"name": "prefix", "weight": cpu_prefix_weight,
-                                  "capacity_blocks": cpu_capacity_blocks,
-                                  "capacity_from_view": False}],
-                        picker="max_score", seed=seed)
+    r = CompositeRouter(**tiered_guide_params(cpu_capacity_blocks, **weights))
     r.name = "llm_d_tiered"
     return r
 
 
-ROUTERS = {"llm_d": lambda **params: llm_d_router(**params),
-           "llm_d_tiered": lambda **params: llm_d_tiered_router(**params)}
+# ``llm_d_tiered`` is not a registered policy (the CRD's and the chart's enums are the
+# registry's): the fleet builds it as a ``composite`` router from ``tiered_guide_params``.
+ROUTERS = {"llm_d": lambda **params: llm_d_router(**params)}

@@ -29,8 +29,10 @@ def test_every_peer_named_and_configured_as_it_ships():
     assert d.router_params["host_cache_hit_weight"] == 1.0
     assert get_stack("dynamo-offloading").router_params["host_cache_hit_weight"] == 0.75
     t = get_stack("llm-d-tiered")
-    assert t.router == "llm_d_tiered" and t.tiering == "store-all"
-    assert t.router_kwargs(256, 7000) == {"cpu_capacity_blocks": 7000}
+    assert t.router == "composite" and t.tiering == "store-all"
+    kw = t.router_kwargs(256, 7000)       # the guide's CPU LRU: the replica's host tier
+    assert [x["weight"] for x in kw["scorers"]] == [2.0, 2.0, 1.0, 1.0]
+    assert kw["scorers"][3]["capacity_blocks"] == 7000
     with pytest.raises(ValueError, match="host tier"):
         t.router_kwargs(256)
     assert get_stack("dynamo+thunderagent").program_gate == "thunderagent"

@@ -157,7 +157,9 @@ def test_llm_d_tiered_guide_scores_gpu_and_cpu_prefix_lrus_of_their_capacities()
     """llm-d ``guides/tiered-prefix-cache/cpu/router/tiered-prefix-cache-cpu.values.yaml``:
     queue 2, kv-cache-utilization 2, gpu-prefix 1 (approximate, the server's capacity),
     cpu-prefix 1 (approximate, ``lruCapacityPerServer``)."""
-    r = make_router("llm_d_tiered", cpu_capacity_blocks=100)
+    from anchorage.routing.llm_d import llm_d_tiered_router
+
+    r = llm_d_tiered_router(cpu_capacity_blocks=100)
     assert [w for w, _ in r.scorers] == [2.0, 2.0, 1.0, 1.0]
     gpu, cpu = r.scorers[2][1], r.scorers[3][1]
     v = views(2, capacity=4)                 # each replica's GPU holds 4 blocks
@@ -168,7 +170,7 @@ def test_llm_d_tiered_guide_scores_gpu_and_cpu_prefix_lrus_of_their_capacities()
     assert cpu.score(first, v, [0, 1]) == [1.0, 0.0]   # still within the CPU's 100
     assert r.pick(first, v) == 0
     with pytest.raises(ValueError, match="cpu_capacity_blocks"):
-        make_router("llm_d_tiered", cpu_capacity_blocks=0)
+        llm_d_tiered_router(cpu_capacity_blocks=0)
 
 
 def test_dynamo_credits_the_host_continuation_at_its_host_cache_hit_weight():

@@ -26,14 +26,15 @@ Sources:
   profile in front of it; ``llm-d-tiered`` the guide's own router
   (``router/tiered-prefix-cache-cpu.values.yaml``: queue-scorer 2, kv-cache-utilization 2,
   gpu-prefix-cache-scorer 1, cpu-prefix-cache-scorer 1 with ``lruCapacityPerServer`` the CPU
-  cache's blocks; router ``llm_d_tiered``, its ``cpu_capacity_blocks`` the replica's host
-  tier, ``"$host_blocks"``).
+  cache's blocks; a ``composite`` router, ``anchorage.routing.llm_d.tiered_guide_params``,
+  its CPU LRU the replica's host tier, ``"$host_blocks"``).
 - every row: prefill chunks capped at 2,048 tokens per step (vLLM's
   ``long_prefill_token_threshold``, ``spec.PREFILL_CAP``); ``-no-prefill-cap`` variants in
   ``controls``.
 """
 
 from anchorage.fleet.spec import PREFILL_CAP, StackSpec
+from anchorage.routing.llm_d import tiered_guide_params
 
 SRC = ("llm-d guides/precise-prefix-cache-aware scheduler values (2/1/1, max-score); "
        "llm-d-inference-scheduler preciseprefixcache utils.go absoluteScoredPods (#1107); "
@@ -57,7 +58,7 @@ STACKS = {
         source="llm-d guides/tiered-prefix-cache/cpu/router/tiered-prefix-cache-cpu.values.yaml "
                "(queue 2, kv-util 2, gpu-prefix 1, cpu-prefix 1, lruCapacityPerServer); "
                + OFFLOAD,
-        router="llm_d_tiered", router_params={"cpu_capacity_blocks": "$host_blocks"},
+        router="composite", router_params=tiered_guide_params("$host_blocks"),
         policy="lru", admission="fcfs", tiering="store-all", tiering_params=dict(ASYNC),
         long_prefill_tokens=PREFILL_CAP),
 }
