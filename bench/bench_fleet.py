@@ -50,15 +50,19 @@ from anchorage.tiering.host_tier import GB
 from bench import fleet_report, fleet_workloads, harness
 
 ROLE_ORDER = ("peer", "anchorage", "ablation", "limit", "paper")
-PEERS = ["stock", "smg", "llm-d", "llm-d+offload", "dynamo", "dynamo+thunderagent",
-         "production-stack", "continuum"]
+PEERS = ["stock", "smg", "llm-d", "llm-d+offload", "llm-d-tiered", "dynamo",
+         "dynamo+thunderagent", "production-stack", "continuum"]
+# the peers without the prefill cap (``anchorage.fleet.stacks.controls``) and LMCache's sync
+# connector: where the cache holds them
+CONTROLS = ["production-stack-sync", "stock-no-prefill-cap", "smg-no-prefill-cap",
+            "dynamo+thunderagent-no-prefill-cap", "production-stack-sync-no-prefill-cap",
+            "continuum-no-prefill-cap"]
 FULL_STACKS = PEERS + ["anchorage", "anchorage-no-prefill-cap", "anchorage-own-host",
                        "anchorage-node-pooled",
                        "anchorage-routing", "anchorage-eviction",
                        "anchorage-admission", "anchorage-host", "anchorage-tokencake",
                        "anchorage-tokencake-gate", "anchorage-tokencake-spatial",
-                       "anchorage-thunderagent", "dynamo+thunderagent+prefill-cap",
-                       "llm-d+offload+prefill-cap", "production-stack+prefill-cap",
+                       "anchorage-thunderagent"] + CONTROLS + [
                        "limit-hbm", "limit-host", "limit-tiers"]
 QUICK_STACKS = PEERS + ["anchorage", "limit-hbm"]
 # per workload: loads swept, replicas, seeds, sessions per slot, sessions at least. CPU
@@ -81,7 +85,7 @@ QUICK_MIN = {"weka": 24, "swe": 48, "gen": 96, "mooncake": 0}
 # the ablations run where Anchorage's components have something to act on
 FULL_ONLY = {wl: PEERS + ["anchorage", "anchorage-no-prefill-cap", "anchorage-own-host",
                           "anchorage-node-pooled",
-                          "dynamo+thunderagent+prefill-cap", "production-stack+prefill-cap",
+                          *CONTROLS,
                           "limit-hbm", "limit-host", "limit-tiers"]
              for wl in ("swe", "gen", "mooncake")}
 LOAD_UNIT = {"mooncake": "requests/s per GPU"}

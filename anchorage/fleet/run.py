@@ -37,6 +37,7 @@ from anchorage.fleet.spec import StackSpec
 from anchorage.percentile import percentile
 from anchorage.sim.cluster import TimedConfig, measured_requests
 from anchorage.sim.profiles import HardwareProfile
+from anchorage.tiering.host_tier import block_bytes
 from anchorage.tiering.params import TieringConfig
 from anchorage.tiering.sim import simulate_tiered
 from anchorage.tiering.temporal import GateParams
@@ -100,11 +101,14 @@ def run_stack(spec: StackSpec, records, contexts, setting: Setting, *,
     cfg = _timed_config(spec, st, contexts)
     params = dict(spec.policy_params)
     params.update(policy_params or {})
+    tiering = _tiering_config(spec, st)
+    host_blocks = (tiering.host.capacity_blocks(block_bytes(st.profile.model, st.profile.block_size))
+                   if spec.has_host_tier else None)
     c0 = time.process_time()
     sim, out = simulate_tiered(
-        records, contexts, cfg, spec.policy, spec.router, tiering=_tiering_config(spec, st),
+        records, contexts, cfg, spec.policy, spec.router, tiering=tiering,
         policy_params=params or None,
-        router_params=spec.router_kwargs(st.profile.block_size) or None,
+        router_params=spec.router_kwargs(st.profile.block_size, host_blocks) or None,
         replicas_per_link=st.hierarchy.replicas_per_link(st.profile))
     res = fleet_metrics(sim, out, st)
     res["cpu_s"] = time.process_time() - c0

@@ -18,7 +18,9 @@ for the whole workload, same compute), ``infinite-host`` (host DRAM without boun
 ``free-tiers`` (host DRAM without bound behind a link without cost: every eviction from
 HBM reloaded at once, for free).
 ``router_params`` may hold the string ``"$block_size"``, replaced by the profile's block
-size when the stack runs (the routers that count in blocks); ``admission_params``
+size when the stack runs (the routers that count in blocks), and ``"$host_blocks"``, replaced
+by the blocks one replica's host tier holds (``MemoryHierarchy.host_config``: what a router
+sized to the CPU cache is configured with); ``admission_params``
 (``anchorage.policies.admission.AdmissionParams`` fields, prefix-aware admission only) the
 string ``"$slo"``, replaced by the setting's TTFT target (what a deployment configures as
 its target).
@@ -35,6 +37,10 @@ import pkgutil
 from dataclasses import dataclass, field
 
 ROLES = ("peer", "anchorage", "ablation", "limit", "paper")
+# vLLM's long_prefill_token_threshold as every stack of the table sets it (issue 40: a vLLM
+# flag any peer can set, so the peers get it as Anchorage does; ``<peer>-no-prefill-cap``
+# are the peers without it, ``anchorage.fleet.stacks.controls``)
+PREFILL_CAP = 2048
 LIMITS = ("none", "infinite-device", "infinite-host", "free-tiers")
 
 
@@ -101,9 +107,21 @@ class StackSpec:
         AdmissionParams.from_dict(d)
         return d
 
-    def router_kwargs(self, block_size: int) -> dict:
-        return {k: (block_size if v == "$block_size" else v)
-                for k, v in self.router_params.items()}
+    def router_kwargs(self, block_size: int, host_blocks: int | None = None) -> dict:
+        subst = {"$block_size": block_size, "$host_blocks": host_blocks}
+
+        def sub(v):  # nested too: a composite router's scorer parameters
+            if isinstance(v, dict):
+                return {k: sub(x) for k, x in v.items()}
+            if isinstance(v, list):
+                return [sub(x) for x in v]
+            if isinstance(v, str) and v in subst:
+                if subst[v] is None:
+                    raise ValueError(f"stack {self.name!r}: {v} needs a host tier")
+                return subst[v]
+            return v
+
+        return sub(dict(self.router_params))
 
     @property
     def has_host_tier(self) -> bool:

@@ -1,28 +1,43 @@
 """``dynamo_kv``: NVIDIA Dynamo's KV router (``--router-mode kv``), its default worker
 selector.
 
-Spec (ai-dynamo/dynamo ``lib/llm/src/kv_router/scheduler.rs`` ``DefaultWorkerSelector``,
-``softmax_sample``; ``sequence.rs`` ``potential_blocks_and_tokens``; documented in
+Spec (ai-dynamo/dynamo ``lib/kv-router/src/scheduling/selector/default.rs``
+``DefaultWorkerScorer::worker_logit``, defaults in ``lib/kv-router/src/scheduling/config.rs``;
+``sequence.rs`` ``potential_blocks_and_tokens``; documented in
 ``docs/router/kv_cache_routing.md``, "Cost Calculation"), per request with ``isl`` prompt
 tokens and keys ``K`` (``b`` tokens per block), for each healthy worker ``w``:
 
-- ``overlap_w`` = leading blocks of ``K`` cached on ``w``, from the workers' KV events
-  (``BlockStored`` / ``BlockRemoved``; Dynamo's ``KvIndexer`` radix tree);
-- ``prefill_tokens_w = active_prefill_w + max(isl - overlap_w * b, 0)``: the router's own
-  count of prefill tokens it sent to ``w`` whose first token has not come back
-  (``add_request`` adds each request's new tokens, ``mark_prefill_completed`` removes
-  them), plus this request's;
+- ``device_w``, ``host_w``: leading blocks of ``K`` cached on ``w``'s GPU, and the prefix's
+  continuation in its host tier, from the workers' KV events per medium
+  (``BlockStored`` / ``BlockRemoved``, ``medium`` GPU or CPU; ``TieredPrefixIndex``):
+  Dynamo's tier-aware indexer over vLLM's offloading connector's self-describing events,
+  or, with KVBM, a merged device-tier view (KVBM's event consolidator removes a block only
+  when no tier holds it: ``host_cache_hit_weight`` 1.0 is that view;
+  ``docs/components/router/router-offloading.md``);
+- ``overlap_credit_w = overlap_score_credit * device_w + host_cache_hit_weight * host_w``
+  (``--router-kv-overlap-score-credit`` 1.0, ``--router-host-cache-hit-weight`` 0.75:
+  ``config.rs`` ``default_host_cache_hit_weight``; disk and shared tiers: none here);
+- ``raw_prefill_blocks_w = (active_prefill_w + isl) / b``: the router's own count of prefill
+  tokens it sent to ``w`` whose first token has not come back (each request adds
+  ``isl - cached``, ``cached = (device + host_cache_hit_weight * host) * b``, its
+  ``prefill_token_load``; ``mark_prefill_completed`` removes it), plus this request's;
 - ``decode_blocks_w = active_blocks_w + new_blocks_w``: the distinct blocks of the requests
   in flight on ``w`` (the router's slot manager, by block hash) plus the request's blocks
   not among them;
-- ``logit_w = overlap_score_weight * prefill_tokens_w / b + decode_blocks_w``;
+- ``logit_w = prefill_load_scale * max(0, raw_prefill_blocks_w - overlap_credit_w) +
+  decode_blocks_w`` (``--router-prefill-load-scale`` 1.0; the deprecated
+  ``overlap_score_weight`` sets it, as Dynamo's ``apply_deprecated_overlap_score_weight_override``
+  does). With GPU-only events and the defaults this is the older
+  ``weight * (active + max(isl - overlap * b, 0)) / b + decode`` cost;
 - selection: ``temperature = 0``: the minimum logit (ties within 1e-5: the smaller radix
-  tree, i.e. fewer indexed blocks, then the lower index); ``temperature > 0``: softmax
-  sampling over ``-logit_w / (max - min) / temperature`` (uniform when all are equal).
+  tree, i.e. fewer indexed device blocks, then the lower index); ``temperature > 0``:
+  softmax sampling over ``-logit_w / (max - min) / temperature`` (uniform when all are equal).
 
 On routing (``on_start``) the request joins ``w``'s active set; ``on_first_token`` marks
 its prefill complete; ``on_finish`` frees it. Parameters (Dynamo's defaults):
-``overlap_score_weight`` 1.0 (``--kv-overlap-score-weight``), ``temperature`` 0.0
+``overlap_score_credit`` 1.0 (in [0, 1]), ``prefill_load_scale`` 1.0,
+``host_cache_hit_weight`` 0.75 (in [0, 1]), ``overlap_score_weight`` (deprecated: sets
+``prefill_load_scale``, and 0 also zeroes the credit), ``temperature`` 0.0
 (``--router-temperature``), ``block_size`` (``--kv-cache-block-size``; 0: inferred per
 request as ``ceil(isl / len(K))``), ``seed`` 0 (the sampling RNG).
 """
@@ -36,16 +51,20 @@ from typing import Any, Sequence
 
 from anchorage.policies.base import RequestContext
 from anchorage.routing.base import ReplicaView, Router, healthy_positions
-from anchorage.routing.prefix_index import PrefixIndex, held_prefix_len
+from anchorage.routing.prefix_index import TieredPrefixIndex, held_prefix_len
 
 TIE_EPSILON = 1e-5
 
 
 def dynamo_logit(isl: int, overlap_blocks: int, block_size: int, active_prefill_tokens: int,
-                 active_blocks: int, new_blocks: int, overlap_score_weight: float = 1.0) -> float:
-    """The selector's cost of one worker (lower is better)."""
-    prefill = active_prefill_tokens + max(isl - overlap_blocks * block_size, 0)
-    return overlap_score_weight * prefill / block_size + active_blocks + new_blocks
+                 active_blocks: int, new_blocks: int, overlap_score_weight: float = 1.0, *,
+                 host_blocks: int = 0, host_cache_hit_weight: float = 0.75,
+                 overlap_score_credit: float = 1.0) -> float:
+    """The selector's cost of one worker (lower is better); ``overlap_score_weight`` is the
+    prefill load scale (``selector/default.rs`` ``worker_logit``)."""
+    raw = (active_prefill_tokens + isl) / block_size
+    credit = overlap_score_credit * overlap_blocks + host_cache_hit_weight * host_blocks
+    return overlap_score_weight * max(0.0, raw - credit) + active_blocks + new_blocks
 
 
 def softmax_probabilities(logits: Sequence[float], temperature: float) -> list[float]:
@@ -84,14 +103,28 @@ class _Active:
 class DynamoKVRouter(Router):
     name = "dynamo_kv"
 
-    def __init__(self, overlap_score_weight: float = 1.0, temperature: float = 0.0,
-                 block_size: int = 0, seed: int = 0) -> None:
-        if overlap_score_weight < 0 or temperature < 0 or block_size < 0:
-            raise ValueError("overlap_score_weight, temperature and block_size must be >= 0")
-        self.overlap_score_weight = float(overlap_score_weight)
+    def __init__(self, overlap_score_weight: float | None = None, temperature: float = 0.0,
+                 block_size: int = 0, seed: int = 0, *, prefill_load_scale: float = 1.0,
+                 overlap_score_credit: float = 1.0,
+                 host_cache_hit_weight: float = 0.75) -> None:
+        if overlap_score_weight is not None:  # Dynamo's deprecated override
+            if overlap_score_weight < 0:
+                raise ValueError("overlap_score_weight must be >= 0")
+            prefill_load_scale = float(overlap_score_weight)
+            if overlap_score_weight == 0:
+                overlap_score_credit = 0.0
+        if prefill_load_scale < 0 or temperature < 0 or block_size < 0:
+            raise ValueError("prefill_load_scale, temperature and block_size must be >= 0")
+        for name, v in (("overlap_score_credit", overlap_score_credit),
+                        ("host_cache_hit_weight", host_cache_hit_weight)):
+            if not 0.0 <= v <= 1.0:
+                raise ValueError(f"{name} must be between 0.0 and 1.0, got {v!r}")
+        self.overlap_score_weight = float(prefill_load_scale)   # the prefill load scale
+        self.overlap_score_credit = float(overlap_score_credit)
+        self.host_cache_hit_weight = float(host_cache_hit_weight)
         self.temperature = float(temperature)
         self.block_size = int(block_size)
-        self.index = PrefixIndex(None)
+        self.index = TieredPrefixIndex(("CPU",))
         self.active: dict[int, _Active] = {}
         self.rng = random.Random(seed)
         self._overlap: dict[Any, int] = {}
@@ -111,14 +144,17 @@ class DynamoKVRouter(Router):
     def logits(self, ctx: RequestContext, replicas: Sequence[ReplicaView],
                pos: Sequence[int]) -> list[float]:
         bs = self._bs(ctx)
-        matches = self.index.match(ctx.keys) if ctx.keys else {}
+        matches = self.index.match_tiers(ctx.keys) if ctx.keys else {}
         out = []
         for p in pos:
             w = replicas[p].index
             a = self._act(w)
-            out.append(dynamo_logit(ctx.input_length, matches.get(w, 0), bs,
-                                    a.prefill_tokens, len(a.blocks), a.new_blocks(ctx.keys),
-                                    self.overlap_score_weight))
+            dev, host = matches.get(w, (0, 0))
+            out.append(dynamo_logit(ctx.input_length, dev, bs, a.prefill_tokens,
+                                    len(a.blocks), a.new_blocks(ctx.keys),
+                                    self.overlap_score_weight, host_blocks=host,
+                                    host_cache_hit_weight=self.host_cache_hit_weight,
+                                    overlap_score_credit=self.overlap_score_credit))
         return out
 
     def pick(self, ctx: RequestContext, replicas: Sequence[ReplicaView]) -> int:
@@ -140,8 +176,9 @@ class DynamoKVRouter(Router):
         a = self._act(replica)
         rid = ctx.request_id
         keys = tuple(ctx.keys)
-        overlap = self.index.match_len(replica, keys) if keys else 0
-        a.prefill[rid] = max(ctx.input_length - overlap * self._bs(ctx), 0)
+        dev, host = self.index.tier_runs(replica, keys) if keys else (0, 0)
+        cached = round((dev + self.host_cache_hit_weight * host) * self._bs(ctx))
+        a.prefill[rid] = max(ctx.input_length - cached, 0)   # Dynamo's prefill_token_load
         a.requests[rid] = keys
         a.blocks.update(keys)
 

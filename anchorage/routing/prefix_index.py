@@ -12,6 +12,18 @@ fed by real KV events, whose own ``BlockRemoved`` events do the evicting).
   chained (a key implies its prefix), so the held set is prefix-closed and a binary
   search finds the boundary in O(log n) lookups.
 - ``match(keys)``: ``{r: match_len}`` for every replica holding ``keys[0]``; others match 0.
+- ``apply_event(r, event)``: a device KV event (``anchorage.routing.events``); events about
+  another medium (``medium`` other than ``"GPU"``: a host tier's) are ignored, so a GPU-only
+  router stays GPU-only however the engine publishes.
+
+``TieredPrefixIndex``: the device index above plus one per lower medium (``"CPU"``: the
+offloading connector's host tier), each fed by the events of its medium: what llm-d's
+kv-cache indexer (``llm-d-kv-cache`` ``pkg/kvcache/kvblock``: each key's pods with their
+``DeviceTier``) and Dynamo's tier-aware router index hold. ``tier_runs(r, keys)`` =
+``(device, lower)``: ``device`` leading keys held on the device, then ``lower`` more that
+continue the prefix from the lower tiers (each key held by some tier; the scan stops at the
+first key no tier of ``r`` holds). ``match_tiers(keys)``: ``{r: (device, lower)}`` for every
+replica holding ``keys[0]`` in some tier.
 """
 
 from __future__ import annotations
@@ -104,8 +116,10 @@ class PrefixIndex:
     def apply_event(self, replica: int, event) -> None:
         """A replica's KV event (``anchorage.routing.events``): ``BlockStored`` adds its
         keys, ``BlockRemoved`` drops them, ``AllBlocksCleared`` empties the replica."""
-        from anchorage.routing.events import AllBlocksCleared, BlockRemoved, BlockStored
+        from anchorage.routing.events import GPU, AllBlocksCleared, BlockRemoved, BlockStored
 
+        if getattr(event, "medium", GPU) != GPU:
+            return  # a host tier's event: not this (device) index's
         if isinstance(event, BlockStored):
             self.insert(replica, list(event.keys))
         elif isinstance(event, BlockRemoved):
@@ -133,3 +147,70 @@ class PrefixIndex:
 
     def replicas(self) -> list[int]:
         return list(self._lru)
+
+
+class TieredPrefixIndex:
+    """A device ``PrefixIndex`` and one per lower medium (module specification)."""
+
+    def __init__(self, media: Sequence[str] = ("CPU",)) -> None:
+        self.device = PrefixIndex(None)
+        self.lower = {m: PrefixIndex(None) for m in media}
+
+    def apply_event(self, replica: int, event) -> None:
+        from anchorage.routing.events import GPU, AllBlocksCleared
+
+        if isinstance(event, AllBlocksCleared):  # vLLM's reset_prefix_cache: the device
+            self.device.clear(replica)
+            return
+        medium = getattr(event, "medium", GPU)
+        if medium == GPU:
+            self.device.apply_event(replica, event)
+        elif medium in self.lower:
+            idx = self.lower[medium]
+            from anchorage.routing.events import BlockStored
+
+            if isinstance(event, BlockStored):
+                idx.insert(replica, list(event.keys))
+            else:
+                idx.remove(replica, event.keys)
+
+    def clear(self, replica: int) -> None:
+        self.device.clear(replica)
+        for idx in self.lower.values():
+            idx.clear(replica)
+
+    def tier_runs(self, replica: int, keys: Sequence[Hashable]) -> tuple[int, int]:
+        d = self.device.match_len(replica, keys)
+        lowers = [od for od in (i._lru.get(replica) for i in self.lower.values()) if od]
+        if not lowers:
+            return d, 0
+        dev = self.device._lru.get(replica) or {}
+        n = d
+        for k in keys[d:]:
+            if k in dev or any(k in od for od in lowers):
+                n += 1
+            else:
+                break
+        return d, n - d
+
+    def match_tiers(self, keys: Sequence[Hashable]) -> dict[int, tuple[int, int]]:
+        if not keys:
+            return {}
+        h = self.device._holders.get(keys[0], 0)
+        for idx in self.lower.values():
+            h |= idx._holders.get(keys[0], 0)
+        out = {}
+        while h:
+            low = h & -h
+            r = low.bit_length() - 1
+            out[r] = self.tier_runs(r, keys)
+            h ^= low
+        return out
+
+    def match_len(self, replica: int, keys: Sequence[Hashable]) -> int:
+        """Leading keys held in some tier (the prefix the engine need not recompute)."""
+        d, lo = self.tier_runs(replica, keys)
+        return d + lo
+
+    def size(self, replica: int) -> int:
+        return self.device.size(replica)

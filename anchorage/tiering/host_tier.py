@@ -26,6 +26,14 @@ used keys. ``run(keys, start, limit)`` = how many consecutive keys from ``start`
 (a prefix continued from host memory). Counters: ``stored_blocks``, ``dropped_blocks``.
 A host copy stays after a reload (the next offload of the session then moves only its new
 blocks), as vLLM's CPU offload keeps its copies.
+KV events: with ``events`` set to a list (the simulator sets it to its replica's event list
+when the router consumes KV events), each ``store`` appends one ``BlockStored`` of the keys it
+added and one ``BlockRemoved`` of the keys its LRU dropped, in the order they happen (runs of
+one kind merged into one event), both with ``medium="CPU"``: what
+vLLM 0.32's offloading connector publishes for its CPU tier
+(``kv_connector/v1/offloading/events.py``: ``BlockStored``/``BlockRemoved`` with ``medium``
+``MEDIUM_CPU``, taken once the store completes). A block the node order (``lru_hosts``)
+drops is reported by the tier that held it.
 
 ``share_hosts(hosts)``: the host tiers of one node's GPUs read one another (the engine's node
 pool with ``growth`` 1, about: ``anchorage.node_agent.offload.node_pool``): each keeps its own capacity, LRU order
@@ -157,6 +165,7 @@ class HostTier:
         self.dropped_blocks = 0
         self.peers: tuple[HostTier, ...] = ()  # the node's other tiers (share_hosts)
         self.node: _NodeLRU | None = None        # the node's capacity and order (lru_hosts)
+        self.events: list | None = None          # CPU-medium KV events, when a router reads them
 
     @property
     def free_blocks(self) -> int:
@@ -192,6 +201,24 @@ class HostTier:
 
     def store(self, keys: Iterable[Hashable]) -> None:
         """Hold ``keys`` (a completed offload); the least recently used keys make room."""
+        self._store(keys, self.events is not None)
+
+    def emit(self, stored: bool, key: Hashable) -> None:
+        """One key's CPU-medium KV event, in the order they happen (module specification):
+        merged into the stream's last event when that is the same kind from this tier."""
+        from anchorage.routing.events import CPU, BlockRemoved, BlockStored
+
+        ev = self.events
+        if ev is None:
+            return
+        kind = BlockStored if stored else BlockRemoved
+        last = ev[-1] if ev else None
+        if type(last) is kind and last.medium == CPU:
+            last.keys.append(key)
+        else:
+            ev.append(kind(keys=[key], medium=CPU))
+
+    def _store(self, keys: Iterable[Hashable], events: bool) -> None:
         held = self.keys
         cap = self.capacity_blocks
         node = self.node
@@ -209,14 +236,20 @@ class HostTier:
                 held[k] = node.tick()
                 node.used += 1
                 self.stored_blocks += 1
+                if events:
+                    self.emit(True, k)
                 continue
             if cap <= 0:
                 return
             while len(held) >= cap:
-                held.popitem(last=False)
+                k0, _ = held.popitem(last=False)
                 self.dropped_blocks += 1
+                if events:
+                    self.emit(False, k0)
             held[k] = None
             self.stored_blocks += 1
+            if events:
+                self.emit(True, k)
 
     def run(self, keys: Sequence[Hashable], start: int, limit: int) -> int:
         """Consecutive keys from ``start`` (up to ``limit``) held here; refreshes them."""
@@ -265,9 +298,11 @@ class _NodeLRU:
         while self.used >= self.budget:
             oldest = min((h for h in self.hosts if h.keys),
                          key=lambda h: next(iter(h.keys.values())))
-            oldest.keys.popitem(last=False)
+            k0, _ = oldest.keys.popitem(last=False)
             oldest.dropped_blocks += 1
             self.used -= 1
+            if oldest.events is not None:
+                oldest.emit(False, k0)
         return True
 
 

@@ -25,6 +25,12 @@ capacity and LRU order, ``host_tier.lru_hosts``, the engine's node pool; ``poole
 table and capacity, ``host_tier.pool_hosts``), so a session that moves to another replica
 reloads its history instead of recomputing it.
 
+KV events: when the router consumes them (the replicas' pools are the cluster's
+``EventPool``), each host tier publishes its stores and drops as ``medium="CPU"`` events on
+its replica's event stream (``host_tier.HostTier.events``), as vLLM 0.32's offloading
+connector does; device-only indexes ignore them, tier-aware ones
+(``anchorage.routing.prefix_index.TieredPrefixIndex``) credit them.
+
 Reported (``run_tiered``): everything ``run_timed`` reports plus ``tiering`` (mode and
 parameters), ``host_hit_rate`` / ``host_hit_blocks`` / ``host_hit_tokens`` (prefix blocks
 served from host memory, same requests as ``hit_rate``), ``offloads`` (copies out: offloads
@@ -128,6 +134,12 @@ def simulate_tiered(records, contexts, cfg, policy: str, router: str = "session"
             pool_hosts([c.host for c in ctl])
         for v in sim.views:   # what the router sees: evicted KV is kept in host memory
             v.host_tier = True
+        if not offload and tiering.host_scope != "pooled":
+            from anchorage.sim.cluster import EventPool
+
+            for c, rep in zip(ctl, sim.replicas):  # the host tier's CPU-medium KV events
+                if isinstance(rep.pool, EventPool):  # go where the router reads the GPU's
+                    c.host.events = rep.pool.events
 
     def wrap(p):
         return TieredEviction(wrap_policy(p) if wrap_policy is not None else p, agent_of)

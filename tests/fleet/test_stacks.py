@@ -13,8 +13,8 @@ from bench.fleet_workloads import coarsen
 
 def test_every_peer_named_and_configured_as_it_ships():
     peers = set(stack_names("peer"))
-    assert {"stock", "smg", "llm-d", "llm-d+offload", "dynamo", "dynamo+thunderagent",
-            "production-stack", "continuum"} <= peers
+    assert {"stock", "smg", "llm-d", "llm-d+offload", "llm-d-tiered", "dynamo",
+            "dynamo+thunderagent", "production-stack", "continuum"} <= peers
     s = get_stack("smg")
     assert s.router == "prefix" and s.router_params["cache_threshold"] == 0.3
     assert s.router_params["balance_abs_threshold"] == 64
@@ -25,9 +25,26 @@ def test_every_peer_named_and_configured_as_it_ships():
     d = get_stack("dynamo")
     assert d.router == "dynamo_kv" and d.tiering == "store-all"
     assert d.router_kwargs(256)["block_size"] == 256
+    # KVBM: a merged device-tier view (full credit); vLLM's connector: tier-aware, 0.75
+    assert d.router_params["host_cache_hit_weight"] == 1.0
+    assert get_stack("dynamo-offloading").router_params["host_cache_hit_weight"] == 0.75
+    t = get_stack("llm-d-tiered")
+    assert t.router == "composite" and t.tiering == "store-all"
+    kw = t.router_kwargs(256, 7000)       # the guide's CPU LRU: the replica's host tier
+    assert [x["weight"] for x in kw["scorers"]] == [2.0, 2.0, 1.0, 1.0]
+    assert kw["scorers"][3]["capacity_blocks"] == 7000
+    with pytest.raises(ValueError, match="host tier"):
+        t.router_kwargs(256)
     assert get_stack("dynamo+thunderagent").program_gate == "thunderagent"
     ps = get_stack("production-stack")
     assert ps.router == "session_affinity" and ps.tiering == "store-all"
+    # LMCache's two connectors in vLLM 0.32: the async one (LMCacheMPConnector) is the row,
+    # the sync one (LMCacheConnectorV1) a variant
+    assert ps.tiering_params == {"sync_load_max_s": 0.0}
+    sync = get_stack("production-stack-sync")
+    assert sync.role == "ablation" and sync.tiering_params["sync_load_max_s"] == float("inf")
+    assert replace(sync, name=ps.name, role=ps.role, peer=ps.peer, source=ps.source,
+                   tiering_params=ps.tiering_params) == ps
     c = get_stack("continuum")
     assert c.retention == "continuum" and c.admission == "program-fcfs"
     for n in stack_names():
@@ -71,11 +88,15 @@ def test_anchorage_ablations_change_exactly_one_component():
         assert get_stack(n).admission_params == full.admission_params
         assert get_stack(n).long_prefill_tokens == full.long_prefill_tokens
         assert get_stack(n).tiering_params == full.tiering_params
-    # the controls: a peer as shipped plus Anchorage's cap, never a peer row
-    for peer in ("dynamo+thunderagent", "llm-d+offload", "production-stack"):
-        c, p = get_stack(f"{peer}+prefill-cap"), get_stack(peer)
-        assert c.role == "ablation" and c.long_prefill_tokens == full.long_prefill_tokens
-        assert replace(c, name=p.name, role=p.role, peer=p.peer, long_prefill_tokens=0) == p
+    # every peer has the cap (a vLLM flag any peer sets); the controls are the peers
+    # without it, never a peer row
+    for peer in stack_names("peer"):
+        p = get_stack(peer)
+        assert p.long_prefill_tokens == full.long_prefill_tokens == 2048, peer
+        c = get_stack(f"{peer}-no-prefill-cap")
+        assert c.role == "ablation" and c.long_prefill_tokens == 0
+        assert replace(c, name=p.name, role=p.role, peer=p.peer,
+                       long_prefill_tokens=p.long_prefill_tokens) == p
     with pytest.raises(ValueError, match="long_prefill_tokens"):
         StackSpec(name="x", peer="x", source="x", long_prefill_tokens=-1)
     with pytest.raises(ValueError, match="unknown admission parameter"):

@@ -84,3 +84,31 @@ def test_the_router_sees_which_replicas_keep_a_host_tier(mode):
     sim, _ = simulate_tiered(recs, ctxs, cfg(), "lru", "agent", tiering=TieringConfig(mode=mode))
     # the views every routing decision was handed (ClusterSim.views, updated in place)
     assert sim.views and all(v.host_tier == (mode != "off") for v in sim.views)
+
+
+def test_host_tiers_publish_cpu_events_that_tier_aware_routers_index():
+    """vLLM 0.32's offloading connector publishes its CPU tier's stores and drops
+    (``medium`` CPU): the router's CPU index is, at the end of the run, what each replica's
+    host tier holds (a small host tier, so its LRU drops too), and its GPU index ignores
+    them."""
+    from anchorage.tiering.host_tier import HostTier
+
+    recs, ctxs = workload()
+    host = HostTierConfig(capacity_bytes=400 * (2 << 20))   # 400 blocks of 2 MiB
+    sim, r = simulate_tiered(recs, ctxs, cfg(), "lru", "llm_d",
+                             tiering=TieringConfig(mode="store-all", host=host))
+    scorer = sim.router.scorers[0][1]
+    assert any(rep.tiering.host.dropped_blocks for rep in sim.replicas)
+    for rep in sim.replicas:
+        held = set(rep.tiering.host.keys)
+        assert held and set(scorer.index.lower["CPU"]._lru.get(rep.index, ())) == held
+        assert set(scorer.index.device._lru.get(rep.index, ())) <= set(rep.pool.cached)
+    # in the order they happen, runs of one kind merged
+    h = HostTier(HostTierConfig(capacity_bytes=2 * (2 << 20)), 2 << 20)
+    h.events = []
+    h.store(["a", "b"])
+    h.store(["c", "d"])
+    assert [(type(e).__name__, list(e.keys), e.medium) for e in h.events] == [
+        ("BlockStored", ["a", "b"], "CPU"), ("BlockRemoved", ["a"], "CPU"),
+        ("BlockStored", ["c"], "CPU"), ("BlockRemoved", ["b"], "CPU"),
+        ("BlockStored", ["d"], "CPU")]
