@@ -18,13 +18,18 @@ mapping evicted) cannot be placed in the chain and is skipped with its descendan
 the event. The map is bounded by the replica's own removals (``BlockRemoved`` drops
 entries; ``AllBlocksCleared`` empties it). Prompts the router keys by characters (text
 prompts) never match these token keys: precise routing needs token-id prompts.
+
+``medium`` (vLLM's field: ``"GPU"`` or absent for the engine's block pool, ``"CPU"`` for
+its offloading connector's host tier, which publishes on the same stream) is carried onto
+the translated events, and each medium keeps its own map: a host copy's removal does not
+forget the device block of the same hash, and a host block's parent may be a device block.
 """
 
 from __future__ import annotations
 
 from typing import Any, Hashable
 
-from anchorage.routing.events import AllBlocksCleared, BlockRemoved, BlockStored
+from anchorage.routing.events import GPU, AllBlocksCleared, BlockRemoved, BlockStored
 from anchorage.routing.keys import next_key, root_key, token_chunk
 
 
@@ -42,12 +47,22 @@ def _h(x: Any) -> Hashable:
 
 class VLLMEventTranslator:
     def __init__(self) -> None:
-        self._maps: dict[int, dict[Hashable, int]] = {}
+        self._maps: dict[tuple[int, str], dict[Hashable, int]] = {}
         self.skipped_blocks = 0
+
+    def _parent_key(self, replica: int, medium: str, parent: Hashable) -> int | None:
+        own = self._maps.get((replica, medium), {})
+        if parent in own:
+            return own[parent]
+        for (r, _), m in self._maps.items():       # a host block's parent on the device
+            if r == replica and parent in m:
+                return m[parent]
+        return None
 
     def translate(self, replica: int, event: dict[str, Any]) -> list:
         kind = event.get("type")
-        m = self._maps.setdefault(replica, {})
+        medium = event.get("medium") or GPU
+        m = self._maps.setdefault((replica, medium), {})
         if kind == "BlockStored":
             hashes = [_h(x) for x in event.get("block_hashes") or ()]
             tokens = event.get("token_ids") or []
@@ -58,27 +73,30 @@ class VLLMEventTranslator:
             extra = event.get("extra_keys") or []
             if parent is None:
                 prev = root_key(_salt_of(extra[0] if extra else None))
-            elif parent in m:
-                prev = m[parent]
             else:
-                self.skipped_blocks += len(hashes)
-                return []
+                prev = self._parent_key(replica, medium, parent)
+                if prev is None:
+                    self.skipped_blocks += len(hashes)
+                    return []
             keys = []
             for i, h in enumerate(hashes):
                 prev = next_key(prev, token_chunk(tokens[i * bs:(i + 1) * bs]))
                 m[h] = prev
                 keys.append(prev)
-            return [BlockStored(keys)]
+            return [BlockStored(keys, medium=medium)]
         if kind == "BlockRemoved":
             keys = [m.pop(_h(x)) for x in event.get("block_hashes") or () if _h(x) in m]
-            return [BlockRemoved(keys)] if keys else []
+            return [BlockRemoved(keys, medium=medium)] if keys else []
         if kind == "AllBlocksCleared":
-            m.clear()
+            for (r, _), mm in self._maps.items():
+                if r == replica:
+                    mm.clear()
             return [AllBlocksCleared()]
         return []
 
     def forget(self, replica: int) -> None:
-        self._maps.pop(replica, None)
+        for k in [k for k in self._maps if k[0] == replica]:
+            del self._maps[k]
 
 
 def decode_batch(payload: bytes) -> list[dict[str, Any]]:

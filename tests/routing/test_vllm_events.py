@@ -52,3 +52,26 @@ def test_decode_batch_and_malformed_payloads():
         with pytest.raises(ValueError, match="KV event batch"):
             decode_batch(bad)
     assert isinstance(BlockStored([1]), BlockStored)
+
+
+def test_host_tier_events_keep_their_medium_and_do_not_forget_the_device_block():
+    from anchorage.routing.events import CPU, GPU
+    from anchorage.routing.prefix_index import PrefixIndex
+    t = VLLMEventTranslator()
+    toks = list(range(32))
+    gpu = {"type": "BlockStored", "block_hashes": [b"a", b"b"], "parent_block_hash": None,
+           "token_ids": toks, "block_size": 16}
+    (dev,) = t.translate(0, gpu)
+    (host,) = t.translate(0, dict(gpu, medium="CPU"))
+    assert dev.medium == GPU and host.medium == CPU and list(host.keys) == list(dev.keys)
+    (gone,) = t.translate(0, {"type": "BlockRemoved", "block_hashes": [b"a", b"b"],
+                              "medium": "CPU"})
+    assert gone.medium == CPU
+    idx = PrefixIndex(None)
+    for ev in (dev, host, gone):
+        idx.apply_event(0, ev)              # a device index ignores the host's events
+    assert idx.match_len(0, list(dev.keys)) == 2
+    # the device block is still known: its child on the device is placed in the chain
+    child = {"type": "BlockStored", "block_hashes": [b"c"], "parent_block_hash": b"b",
+             "token_ids": list(range(32, 48)), "block_size": 16}
+    assert t.translate(0, child)
