@@ -48,10 +48,7 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    # tests.* helpers (appended: the repo's operator/ must not shadow the stdlib's)
-    sys.path.append(str(REPO))
+REPO = Path(__file__).resolve().parents[1]   # run as ``python -m bench.bench_epp`` from it
 
 
 def pct(xs, q):
