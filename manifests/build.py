@@ -32,12 +32,22 @@ HELM_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by")
 #   kubectl -n llm create secret generic anchorage-tenant --from-literal=secret=$(openssl rand -hex 32)
 SECRETS = {"tenant": {"existingSecret": "anchorage-tenant"},
            "accessLog": {"existingSecret": "anchorage-access-log"}}
+# The images are not published and the chart has no default repository: the plain
+# manifests name them as scripts/images/build.py tags them locally; point them at your
+# registry with kustomize (`kustomize edit set image
+# ghcr.io/anchorage-dev/anchorage=$REGISTRY/anchorage`, docs/chart.md, "Plain manifests").
+LOCAL_REGISTRY = "ghcr.io/anchorage-dev"
+IMAGES = {"image": {"repository": f"{LOCAL_REGISTRY}/anchorage"},
+          "router": {"image": {"repository": f"{LOCAL_REGISTRY}/anchorage-router"}},
+          "modelDefaults": {"image": {"repository": f"{LOCAL_REGISTRY}/vllm-anchorage"}}}
 OPERATOR_VALUES = {
+    **IMAGES,
     "fullnameOverride": "anchorage", "secrets": SECRETS,
-    "models": [], "router": {"enabled": False}, "dashboards": {"enabled": False},
+    "models": [], "router": {"enabled": False, **IMAGES["router"]}, "dashboards": {"enabled": False},
     "monitoring": {"serviceMonitors": False, "prometheusRule": False},
 }
 STACK_VALUES = {
+    **IMAGES,
     "fullnameOverride": "anchorage", "secrets": SECRETS,
     "operator": {"enabled": False}, "dashboards": {"enabled": False},
     "monitoring": {"serviceMonitors": False, "prometheusRule": False},

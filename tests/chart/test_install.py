@@ -15,7 +15,7 @@ import time
 import pytest
 import yaml
 
-from tests.chart.conftest import CHART, NAMESPACE, RELEASE, model
+from tests.chart.conftest import CHART, NAMESPACE, RELEASE, model, with_images
 from tests.conftest import REPO, need, need_module
 
 GROUP, VERSION, PLURAL = "anchorage.dev", "v1alpha1", "agentcachepolicies"
@@ -53,7 +53,7 @@ def release(cluster, api):
     # nothing listens on port 9: the release's policies' metrics stay on loopback
     values = {"models": [model("llama-8b"), model("qwen-7b", policy="cachewise")],
               "monitoring": {"prometheusURL": "http://127.0.0.1:9"}}
-    rel = helm.install(str(CHART), RELEASE, values, namespace=NAMESPACE,
+    rel = helm.install(str(CHART), RELEASE, with_images(values), namespace=NAMESPACE,
                        create_namespace=True, timeout=120)
     yield helm, rel
     helm.uninstall(RELEASE, ignore_not_found=True, timeout=120)
@@ -280,7 +280,7 @@ def test_upgrade_to_namespaced_operator(release, api):
     helm, _ = release
     values = {"models": [model("llama-8b"), model("qwen-7b", policy="cachewise")],
               "operator": {"watchNamespaces": [NAMESPACE]}, "router": {"policy": "session"}}
-    helm.upgrade(str(CHART), RELEASE, values, namespace=NAMESPACE, timeout=120)
+    helm.upgrade(str(CHART), RELEASE, with_images(values), namespace=NAMESPACE, timeout=120)
     assert _can(api, "patch", "deployments", group="apps", subresource="scale")
     assert not _can(api, "patch", "deployments", group="apps", subresource="scale", namespace="other")
     assert not _can(api, "watch", "agentcachepolicies", group=GROUP, namespace="other")

@@ -20,6 +20,7 @@ from tests.chart.conftest import (
     NAMESPACE,
     RELEASE,
     all_on_values,
+    with_images,
     by_kind,
     crd_files,
     deep,
@@ -316,7 +317,7 @@ def test_temporal_tiering_needs_host_memory():
 
     chart = Chart.load(str(CHART))
     with pytest.raises(HelmRenderError) as exc:
-        chart.render({"models": [model("a", tiering="temporal")]}, name=RELEASE,
+        chart.render(with_images({"models": [model("a", tiering="temporal")]}), name=RELEASE,
                      namespace=NAMESPACE)
     assert 'tiering "temporal": set hostOffload.memoryGiB' in str(exc.value)
 
@@ -527,7 +528,7 @@ def test_schema_rejects_invalid_values(values, where):
 
     chart = Chart.load(str(CHART))
     with pytest.raises(HelmValuesError) as exc:
-        chart.render(values, name=RELEASE, namespace=NAMESPACE)
+        chart.render(with_images(values), name=RELEASE, namespace=NAMESPACE)
     msg = str(exc.value)
     assert "schema" in msg and where in msg, msg
 
@@ -537,7 +538,7 @@ def test_duplicate_model_names_rejected():
 
     chart = Chart.load(str(CHART))
     with pytest.raises(HelmRenderError) as exc:
-        chart.render({"models": [model("a"), model("a")]}, name=RELEASE, namespace=NAMESPACE)
+        chart.render(with_images({"models": [model("a"), model("a")]}), name=RELEASE, namespace=NAMESPACE)
     assert 'the name "a" is used twice' in str(exc.value)
 
 
@@ -546,10 +547,10 @@ def test_a_prefill_cap_above_the_model_length_is_a_clear_error():
 
     chart = Chart.load(str(CHART))
     with pytest.raises(HelmRenderError) as exc:
-        chart.render({"models": [model("a", maxModelLen=1024)]}, name=RELEASE,
+        chart.render(with_images({"models": [model("a", maxModelLen=1024)]}), name=RELEASE,
                      namespace=NAMESPACE)                  # the default cap is 2048 tokens
     assert 'longPrefillTokens (2048) must not exceed maxModelLen (1024)' in str(exc.value)
-    ok = objects(chart.render({"models": [model("a", maxModelLen=1024, longPrefillTokens=512)]},
+    ok = objects(chart.render(with_images({"models": [model("a", maxModelLen=1024, longPrefillTokens=512)]}),
                               name=RELEASE, namespace=NAMESPACE))
     assert "--long-prefill-token-threshold=512" in _containers(
         one(ok, "Deployment", "-anchorage-a"))["vllm"]["args"]
@@ -663,7 +664,7 @@ def test_long_names_stay_valid():
     need_module("helm_python")
     from helm_python import Chart
 
-    out = Chart.load(str(CHART)).render({"models": [model(long_model)]}, name=release,
+    out = Chart.load(str(CHART)).render(with_images({"models": [model(long_model)]}), name=release,
                                          namespace=NAMESPACE)
     docs = objects(out)
     dns_label = _re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")

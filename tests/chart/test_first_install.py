@@ -1,0 +1,104 @@
+"""A first install fails loudly or works (issue 41, section 2): values that would render and
+then fail in the cluster (an image nobody can pull, a gated model without a token, router
+peers without their token...) are refused at render time with what to set, and what the
+chart creates by itself (Secrets, pod labels, RBAC, the CRD upgrade hook) works as a
+platform team installs and upgrades it."""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+import pytest
+
+from tests.chart.conftest import (CHART, NAMESPACE, RELEASE, model, objects, one, overlay,
+                                  render, with_images)
+from tests.conftest import REPO, need_module
+
+
+def _render_error(values: dict) -> str:
+    """The chart's refusal of ``values`` (exactly those: no test images laid under)."""
+    need_module("helm_python", "helm-python-sdk (pip install helm-python-sdk)")
+    from helm_python import Chart, HelmRenderError
+
+    with pytest.raises(HelmRenderError) as exc:
+        Chart.load(str(CHART)).render(values, name=RELEASE, namespace=NAMESPACE)
+    return str(exc.value)
+
+
+def _set_values(flags: list[str]) -> dict:
+    """Helm's ``--set a.b=v`` / ``--set 'a[0].b=v'`` flags as a values dict (strings)."""
+    out: dict = {}
+    for flag in flags:
+        path, _, value = flag.partition("=")
+        node: dict | list = out
+        keys = [int(k) if k.isdigit() else k for k in re.findall(r"[^.\[\]]+", path)]
+        for k, nxt in zip(keys, keys[1:] + [None]):
+            blank = [] if isinstance(nxt, int) else {}
+            if isinstance(k, int):
+                while len(node) <= k:
+                    node.append(blank)
+                if nxt is None:
+                    node[k] = value
+                node = node[k]
+            else:
+                node = node.setdefault(k, blank) if nxt is not None else node.__setitem__(k, value)
+    return out
+
+
+def _docs_block(heading: str, starts: str) -> str:
+    """The first ```bash block of docs/chart.md's section ``heading`` whose text has
+    ``starts``."""
+    text = (REPO / "docs" / "chart.md").read_text()
+    section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    for block in re.findall(r"```bash\n(.*?)```", section, re.S):
+        if starts in block:
+            return block
+    raise AssertionError(f"no bash block with {starts!r} in docs/chart.md, {heading!r}")
+
+
+def _helm_install_values(block: str, env: dict[str, str]) -> dict:
+    cmd = block[block.index("helm install"):].replace("\\\n", " ").split("\n", 1)[0]
+    for k, v in env.items():
+        cmd = cmd.replace(f"${k}", v).replace(f"${{{k}}}", v)
+    words = shlex.split(cmd)
+    return _set_values([words[i + 1] for i, w in enumerate(words) if w == "--set"])
+
+
+# --- 1. images --------------------------------------------------------------------------
+
+def test_no_image_repository_is_refused_naming_the_values_and_the_build_script():
+    msg = _render_error({})
+    for value in ("image.repository", "router.image.repository",
+                  "modelDefaults.image.repository", "scripts/images/build.py"):
+        assert value in msg, msg
+    def unset(values):    # the values the refusal names (its first line)
+        return _render_error(values).split(" is set for ", 1)[1].split("\n", 1)[0]
+
+    # only what the release's pods run: the router alone needs only its image
+    assert unset({"operator": {"enabled": False}, "models": []}) == \
+        "router.image.repository (anchorage-router)."
+    # a model's own image is enough for that model
+    assert unset({"router": {"enabled": False}, "image": {"repository": "r/anchorage"},
+                  "models": [model("a"), {"name": "b", "model": "org/b"}]}) == \
+        "modelDefaults.image.repository or models[name=b].image.repository (vllm-anchorage)."
+    # no pod, no image: the dashboards alone render
+    assert {d["kind"] for d in objects(render(
+        {"operator": {"enabled": False}, "router": {"enabled": False}, "models": []},
+        images=False))} == {"ConfigMap"}
+
+
+def test_the_documented_private_registry_install_renders():
+    block = _docs_block("Images", "--push")
+    assert "scripts/images/build.py --registry" in block and "docker-registry regcred" in block
+    values = _helm_install_values(block, {"REGISTRY": "registry.example.com/ml"})
+    docs = objects(render(values, images=False))
+    pods = [d["spec"]["template"]["spec"] for d in docs if d["kind"] == "Deployment"]
+    images = {c["image"] for p in pods for c in p["containers"]}
+    assert {i.rsplit(":", 1)[0] for i in images} == {
+        f"registry.example.com/ml/{n}" for n in ("anchorage", "anchorage-router", "vllm-anchorage")}
+    assert all(p["imagePullSecrets"] == [{"name": "regcred"}] for p in pods)
+    # and the quick start at the top of the page
+    top = (REPO / "docs" / "chart.md").read_text().split("\n## ", 1)[0]
+    block = re.findall(r"```bash\n(.*?)```", top, re.S)[0]
+    objects(render(_helm_install_values(block, {"REGISTRY": "r.example/ml"}), images=False))
