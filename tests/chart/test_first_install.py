@@ -102,3 +102,29 @@ def test_the_documented_private_registry_install_renders():
     top = (REPO / "docs" / "chart.md").read_text().split("\n## ", 1)[0]
     block = re.findall(r"```bash\n(.*?)```", top, re.S)[0]
     objects(render(_helm_install_values(block, {"REGISTRY": "r.example/ml"}), images=False))
+
+
+# --- 2. the default model -----------------------------------------------------------------
+
+def test_the_default_model_downloads_without_a_token():
+    """The default install serves an ungated model and passes no token (a gated default
+    crash-looped on 401)."""
+    dep = one(objects(render({})), "Deployment", "-qwen-7b")
+    vllm = next(c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "vllm")
+    assert vllm["args"][0] == "Qwen/Qwen2.5-7B-Instruct"
+    assert "HF_TOKEN" not in {e["name"] for e in vllm["env"]}
+
+
+@pytest.mark.parametrize("gated", ["meta-llama/Llama-3.1-8B-Instruct", "google/gemma-3-12b-it"])
+def test_a_gated_model_without_a_token_is_refused(gated):
+    msg = _render_error(with_images({"models": [{"name": "m", "model": gated}]}))
+    assert f"models[name=m]: {gated} is gated on Hugging Face" in msg
+    assert "hfTokenSecret.name" in msg and "kubectl -n llm create secret generic hf-token" in msg
+    # a token (per model or in modelDefaults) or the user's own offline/mirror setup is enough
+    for ok in ({"models": [{"name": "m", "model": gated, "hfTokenSecret": {"name": "hf"}}]},
+               {"models": [{"name": "m", "model": gated}],
+                "modelDefaults": {"hfTokenSecret": {"name": "hf"}}},
+               {"models": [{"name": "m", "model": gated,
+                            "extraEnv": [{"name": "HF_HUB_OFFLINE", "value": "1"}]}]}):
+        dep = one(objects(render(ok)), "Deployment", "-m")
+        assert dep["spec"]["template"]["spec"]["containers"][0]["args"][0] == gated

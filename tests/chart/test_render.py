@@ -67,20 +67,20 @@ def test_default_render_objects(default_objects):
     assert not by_kind(default_objects, "PrometheusRule")
     names = {d["metadata"]["name"] for d in by_kind(default_objects, "Deployment")}
     assert names == {f"{RELEASE}-anchorage-operator", f"{RELEASE}-anchorage-router",
-                     f"{RELEASE}-anchorage-llama-8b"}
+                     f"{RELEASE}-anchorage-qwen-7b"}
     for d in default_objects:
         if d["kind"] not in ("ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering"):
             assert d["metadata"]["namespace"] == NAMESPACE, d["metadata"]
     # the engines run what the headline benchmark's Anchorage runs: prefix-aware admission
-    dep = one(default_objects, "Deployment", "-anchorage-llama-8b")
+    dep = one(default_objects, "Deployment", "-anchorage-qwen-7b")
     assert _env(_containers(dep)["vllm"])["ANCHORAGE_SCHEDULER"] == "prefix-aware"
     fcfs = one(objects(render({"modelDefaults": {"scheduler": ""}})), "Deployment",
-               "-anchorage-llama-8b")
+               "-anchorage-qwen-7b")
     assert "ANCHORAGE_SCHEDULER" not in _env(_containers(fcfs)["vllm"])   # vLLM's FCFS
     # ... and vLLM's prefill chunk cap (longPrefillTokens; 0: none)
     assert "--long-prefill-token-threshold=2048" in _containers(dep)["vllm"]["args"]
     uncapped = one(objects(render({"modelDefaults": {"longPrefillTokens": 0}})), "Deployment",
-                   "-anchorage-llama-8b")
+                   "-anchorage-qwen-7b")
     assert not any(a.startswith("--long-prefill-token-threshold")
                    for a in _containers(uncapped)["vllm"]["args"])
 
@@ -435,12 +435,12 @@ def test_tenant_secret_and_access_log_token(default_objects):
     ref = {"secretKeyRef": {"name": f"{RELEASE}-anchorage-tenant", "key": "secret"}}
     assert _env(_container(default_objects, "-router", "router"))["ANCHORAGE_TENANT_SECRET"] == ref
     ref = {"secretKeyRef": {"name": f"{RELEASE}-anchorage-access-log", "key": "token"}}
-    agent = _container(default_objects, "-llama-8b", "node-agent")
+    agent = _container(default_objects, "-qwen-7b", "node-agent")
     for c in (agent, _container(default_objects, "-operator", "operator")):
         assert _env(c)["ANCHORAGE_ACCESS_LOG_TOKEN"] == ref
     assert "--access-log-port=9401" in agent["args"]
     assert {"name": "access-log", "containerPort": 9401, "protocol": "TCP"} in agent["ports"]
-    svc = one(default_objects, "Service", "-llama-8b")
+    svc = one(default_objects, "Service", "-qwen-7b")
     assert {"name": "access-log", "port": 9401, "targetPort": "access-log",
             "protocol": "TCP"} in svc["spec"]["ports"]
     ingress = one(default_objects, "NetworkPolicy", "-models")["spec"]["ingress"]
@@ -454,7 +454,7 @@ def test_tenant_secret_and_access_log_token(default_objects):
     assert not by_kind(docs, "Secret")
     assert _env(_container(docs, "-router", "router"))["ANCHORAGE_TENANT_SECRET"] == {
         "secretKeyRef": {"name": "mine", "key": "k"}}
-    assert _env(_container(docs, "-llama-8b", "node-agent"))["ANCHORAGE_ACCESS_LOG_TOKEN"] == {
+    assert _env(_container(docs, "-qwen-7b", "node-agent"))["ANCHORAGE_ACCESS_LOG_TOKEN"] == {
         "secretKeyRef": {"name": "ops", "key": "t"}}
 
 
@@ -482,7 +482,7 @@ def test_router_deployment(default_objects):
     svc = one(default_objects, "Service", "-router")
     assert svc["spec"]["ports"][0]["targetPort"] == "http"
     # The model Services carry the labels the router's discovery selects on.
-    msvc = one(default_objects, "Service", "-llama-8b")
+    msvc = one(default_objects, "Service", "-qwen-7b")
     assert msvc["metadata"]["labels"]["app.kubernetes.io/component"] == "model"
     assert msvc["metadata"]["labels"]["app.kubernetes.io/instance"] == RELEASE
 

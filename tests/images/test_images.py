@@ -235,7 +235,7 @@ def test_the_chart_runs_each_role_in_its_image():
     docs = objects(render({}))
     assert images(one(docs, "Deployment", "-operator")) == {"operator": refs["anchorage"]}
     assert images(one(docs, "Deployment", "-router")) == {"router": refs["anchorage-router"]}
-    assert images(one(docs, "Deployment", "-llama-8b")) == {
+    assert images(one(docs, "Deployment", "-qwen-7b")) == {
         "vllm": refs["vllm-anchorage"], "node-agent": refs["anchorage"]}
     rs = one(objects(render({"router": {"kuberay": {"enabled": True, "workerGroups": [
         {"name": "w"}]}}})), "RayService")["spec"]["rayClusterConfig"]
