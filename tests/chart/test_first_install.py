@@ -128,3 +128,76 @@ def test_a_gated_model_without_a_token_is_refused(gated):
                             "extraEnv": [{"name": "HF_HUB_OFFLINE", "value": "1"}]}]}):
         dep = one(objects(render(ok)), "Deployment", "-m")
         assert dep["spec"]["template"]["spec"]["containers"][0]["args"][0] == gated
+
+
+# --- 3. several router pods ---------------------------------------------------------------
+
+def _router_container(docs: list[dict]) -> dict:
+    dep = one(docs, "Deployment", "-router")
+    return next(c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "router")
+
+
+def _pod_env(container: dict, docs: list[dict]) -> dict[str, str]:
+    """The container's environment as the kubelet gives it: literals, Secret keys from the
+    rendered Secrets, field references as a pod would have them."""
+    import base64
+
+    secrets = {d["metadata"]["name"]: d["data"] for d in docs if d["kind"] == "Secret"}
+    fields = {"metadata.name": "anc-anchorage-router-0", "metadata.namespace": NAMESPACE,
+              "status.podIP": "10.0.0.9"}
+    env = {}
+    for e in container["env"]:
+        if "value" in e:
+            env[e["name"]] = e["value"]
+        elif "secretKeyRef" in e.get("valueFrom", {}):
+            ref = e["valueFrom"]["secretKeyRef"]
+            assert ref["name"] in secrets, f"{e['name']}: Secret {ref['name']} is not rendered"
+            env[e["name"]] = base64.b64decode(secrets[ref["name"]][ref["key"]]).decode()
+        else:
+            env[e["name"]] = fields[e["valueFrom"]["fieldRef"]["fieldPath"]]
+    return env
+
+
+def _router_starts(docs: list[dict]) -> tuple[int, str]:
+    """Run the rendered router container's command line as far as its configuration check
+    (`anchorage router ... --print-config`, what the pod runs before Serve starts)."""
+    import os
+    import subprocess
+    import sys
+
+    c = _router_container(docs)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("ANCHORAGE_")},
+           **_pod_env(c, docs)}
+    r = subprocess.run([sys.executable, "-m", "anchorage", *c["args"], "--print-config"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    return r.returncode, r.stdout + r.stderr
+
+
+def test_several_router_pods_get_a_token_the_chart_creates():
+    """router.replicaCount 2 rendered and then crash-looped every router pod
+    (RouterConfig.validate: peers need ANCHORAGE_INTERNAL_TOKEN); the chart now creates the
+    token's Secret (kept: lookup + resource-policy keep) and the pods start."""
+    docs = objects(render({"router": {"replicaCount": 2}}))
+    rc, out = _router_starts(docs)
+    assert rc == 0, out
+    assert '"peer_selector": "app.kubernetes.io/instance=anc' in out
+    sec = one(docs, "Secret", "-internal")
+    assert sec["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    token = _pod_env(_router_container(docs), docs)["ANCHORAGE_INTERNAL_TOKEN"]
+    assert len(token) == 48 and token not in out          # never printed
+    # one pod: no peers, no token, no Secret
+    one_pod = objects(render({}))
+    assert not [d for d in one_pod if d["kind"] == "Secret" and d["metadata"]["name"].endswith("-internal")]
+    assert "ANCHORAGE_INTERNAL_TOKEN" not in _pod_env(_router_container(one_pod), one_pod)
+    # a Secret of the user's: referenced, none created
+    mine = objects(render({"router": {"replicaCount": 3},
+                           "secrets": {"internal": {"existingSecret": "peers", "key": "k"}}}))
+    assert not [d for d in mine if d["kind"] == "Secret" and d["metadata"]["name"].endswith("-internal")]
+    ref = next(e for e in _router_container(mine)["env"] if e["name"] == "ANCHORAGE_INTERNAL_TOKEN")
+    assert ref["valueFrom"]["secretKeyRef"] == {"name": "peers", "key": "k"}
+    # the token set in extraEnv, as documented before: kept, not doubled (SSA rejects that)
+    own = objects(render({"router": {"replicaCount": 2, "extraEnv": [
+        {"name": "ANCHORAGE_INTERNAL_TOKEN", "value": "x" * 32}]}}))
+    names = [e["name"] for e in _router_container(own)["env"]]
+    assert names.count("ANCHORAGE_INTERNAL_TOKEN") == 1
+    assert _router_starts(own)[0] == 0

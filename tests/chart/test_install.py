@@ -51,7 +51,9 @@ def release(cluster, api):
 
     helm = Config(kubeconfig_path=str(cluster.kubeconfig), namespace=NAMESPACE)
     # nothing listens on port 9: the release's policies' metrics stay on loopback
+    # two router pods: the chart creates their internal token (kept across upgrades)
     values = {"models": [model("llama-8b"), model("qwen-7b", policy="cachewise")],
+              "router": {"replicaCount": 2},
               "monitoring": {"prometheusURL": "http://127.0.0.1:9"}}
     rel = helm.install(str(CHART), RELEASE, with_images(values), namespace=NAMESPACE,
                        create_namespace=True, timeout=120)
@@ -278,9 +280,19 @@ def test_upgrade_to_namespaced_operator(release, api):
     from kubernetes import client
 
     helm, _ = release
+    core = client.CoreV1Api(api)
+
+    def secrets():
+        return {n: core.read_namespaced_secret(f"{RELEASE}-anchorage-{n}", NAMESPACE).data
+                for n in ("tenant", "internal", "access-log")}
+
+    before = secrets()
     values = {"models": [model("llama-8b"), model("qwen-7b", policy="cachewise")],
-              "operator": {"watchNamespaces": [NAMESPACE]}, "router": {"policy": "session"}}
+              "operator": {"watchNamespaces": [NAMESPACE]},
+              "router": {"policy": "session", "replicaCount": 2}}
     helm.upgrade(str(CHART), RELEASE, with_images(values), namespace=NAMESPACE, timeout=120)
+    # the random tokens the chart created survive the upgrade (lookup of the live Secret)
+    assert secrets() == before and len(before["internal"]["token"]) == 64
     assert _can(api, "patch", "deployments", group="apps", subresource="scale")
     assert not _can(api, "patch", "deployments", group="apps", subresource="scale", namespace="other")
     assert not _can(api, "watch", "agentcachepolicies", group=GROUP, namespace="other")

@@ -238,6 +238,29 @@ torch, Triton, numba, outlines or Hugging Face writes lives under HOME, an empty
 {{- .Values.secrets.accessLog.existingSecret | default (printf "%s-access-log" (include "anchorage.fullname" .)) -}}
 {{- end -}}
 
+{{/* "true" when the router pods share routing decisions (Deployment mode, more than one pod):
+they then need ANCHORAGE_INTERNAL_TOKEN (router/config.py validate()). */}}
+{{- define "anchorage.routerPeers" -}}
+{{- if and .Values.router.enabled (not .Values.router.kuberay.enabled) (gt (int .Values.router.replicaCount) 1) -}}true{{- end -}}
+{{- end -}}
+
+{{/* "true" when the chart supplies ANCHORAGE_INTERNAL_TOKEN: router peers on, and
+router.extraEnv does not set it already (the way this was documented before; two entries of
+one name would fail server-side apply). */}}
+{{- define "anchorage.internalTokenFromChart" -}}
+{{- if include "anchorage.routerPeers" . -}}
+{{- $own := false -}}
+{{- range .Values.router.extraEnv -}}
+{{- if eq .name "ANCHORAGE_INTERNAL_TOKEN" -}}{{- $own = true -}}{{- end -}}
+{{- end -}}
+{{- if not $own -}}true{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "anchorage.internalSecretName" -}}
+{{- .Values.secrets.internal.existingSecret | default (printf "%s-internal" (include "anchorage.fullname" .)) -}}
+{{- end -}}
+
 {{/* ANCHORAGE_ACCESS_LOG_TOKEN from its Secret (the node agents and the operator). */}}
 {{- define "anchorage.accessLogTokenEnv" -}}
 - name: ANCHORAGE_ACCESS_LOG_TOKEN
