@@ -201,3 +201,67 @@ def test_several_router_pods_get_a_token_the_chart_creates():
     names = [e["name"] for e in _router_container(own)["env"]]
     assert names.count("ANCHORAGE_INTERNAL_TOKEN") == 1
     assert _router_starts(own)[0] == 0
+
+
+# --- 4. pod templates across chart versions ---------------------------------------------------
+
+def _bumped_chart(tmp_path, version: str = "9.9.9", app_version: str | None = None):
+    """A copy of the chart with another chart version (and optionally appVersion)."""
+    import shutil
+
+    import yaml
+
+    dst = tmp_path / "anchorage"
+    shutil.copytree(CHART, dst)
+    meta = yaml.safe_load((dst / "Chart.yaml").read_text())
+    meta["version"] = version
+    if app_version:
+        meta["appVersion"] = app_version
+    (dst / "Chart.yaml").write_text(yaml.safe_dump(meta, sort_keys=False))
+    return dst
+
+
+def _render_chart(chart_dir, values: dict) -> list[dict]:
+    from helm_python import Chart
+
+    return objects(Chart.load(str(chart_dir)).render(with_images(values), name=RELEASE,
+                                                     namespace=NAMESPACE))
+
+
+def _pod_templates(docs: list[dict]) -> dict[str, dict]:
+    out = {}
+    for d in docs:
+        if d["kind"] in ("Deployment", "StatefulSet"):
+            out[d["metadata"]["name"]] = d["spec"]["template"]
+        elif d["kind"] == "RayService":
+            rc = d["spec"]["rayClusterConfig"]
+            out[d["metadata"]["name"] + "/head"] = rc["headGroupSpec"]["template"]
+            for g in rc.get("workerGroupSpecs", []):
+                out[d["metadata"]["name"] + "/" + g["groupName"]] = g["template"]
+    return out
+
+
+@pytest.mark.parametrize("router", ["deployment", "kuberay"])
+def test_a_chart_version_bump_leaves_every_pod_template_unchanged(tmp_path, router):
+    """A pod template that changes replaces its pods (a GPU engine reloads its weights):
+    a new chart version with the same images changes no pod template; the objects' own
+    labels still say which chart made them."""
+    need_module("helm_python", "helm-python-sdk (pip install helm-python-sdk)")
+    values = {"commonLabels": {"team": "llm"}}
+    if router == "kuberay":
+        values["router"] = {"kuberay": {"enabled": True, "workerGroups": [{"name": "w"}]}}
+    old = _render_chart(CHART, values)
+    new = _render_chart(_bumped_chart(tmp_path), values)
+    before, after = _pod_templates(old), _pod_templates(new)
+    assert len(before) >= 3 and before == after
+    for t in after.values():
+        assert "helm.sh/chart" not in t["metadata"]["labels"]
+        assert "app.kubernetes.io/version" not in t["metadata"]["labels"]
+        assert t["metadata"]["labels"]["team"] == "llm"
+    dep = one(new, "Deployment", "-qwen-7b")
+    assert dep["metadata"]["labels"]["helm.sh/chart"] == "anchorage-9.9.9"
+    # the pods still match their selectors and Services
+    for d in new:
+        if d["kind"] == "Deployment":
+            sel = d["spec"]["selector"]["matchLabels"]
+            assert sel.items() <= d["spec"]["template"]["metadata"]["labels"].items()

@@ -41,6 +41,24 @@ app.kubernetes.io/part-of: anchorage
 {{- end }}
 {{- end -}}
 
+{{/* Labels of a component's pod template: everything of anchorage.labels that stays the
+same across chart versions. helm.sh/chart and app.kubernetes.io/version change on every
+chart bump, and a changed pod template replaces every pod (every GPU engine reloads its
+weights): they stay on the objects' own metadata only. */}}
+{{- define "anchorage.podLabels" -}}
+{{ include "anchorage.selectorLabels" . }}
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+app.kubernetes.io/part-of: anchorage
+{{- with .ctx.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "anchorage.modelPodLabels" -}}
+{{ include "anchorage.podLabels" (dict "ctx" .ctx "component" "model") }}
+anchorage.dev/model: {{ .model.name }}
+{{- end -}}
+
 {{/* Selector labels of one model's pods: (dict "ctx" $ "model" $m). */}}
 {{- define "anchorage.modelSelectorLabels" -}}
 {{ include "anchorage.selectorLabels" (dict "ctx" .ctx "component" "model") }}
