@@ -206,6 +206,7 @@ OPERATOR_NAMESPACED = {
     ("anchorage.dev", "agentcachepolicies/finalizers", "update"),   # ownerRef blockOwnerDeletion
     *(("", "configmaps", v) for v in ("get", "create", "patch")),
     ("", "events", "create"),
+    ("", "services", "get"),      # the Services tuning.accessLogs names (the token's check)
     *(("apps", r, v) for r in ("deployments/scale", "statefulsets/scale") for v in ("get", "patch")),
 }
 CRD_READ = {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("get", "list", "watch")}

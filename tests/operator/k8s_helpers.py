@@ -69,7 +69,8 @@ class OperatorProcess:
     authenticated by ``kubeconfig`` (the chart's ServiceAccount token)."""
 
     def __init__(self, deployment: dict, kubeconfig: Path, workdir: Path, *,
-                 interval_s: float = 1.0, priority: int = 1000):
+                 interval_s: float = 1.0, priority: int = 1000,
+                 access_log_dir: Path | None = None):
         import os
         import sys
 
@@ -89,6 +90,8 @@ class OperatorProcess:
                 a = "--peering-lifetime-s=5"
             args.append(a)
         self.args = args + ["--interval-s", str(interval_s), "--priority", str(priority)]
+        if access_log_dir is not None:    # the files a policy's tuning.accessLogs may name
+            self.args += ["--access-log-dir", str(access_log_dir)]
         self.log = workdir / "operator.log"
         env = dict(os.environ, KUBECONFIG=str(kubeconfig), PYTHONUNBUFFERED="1",
                    POD_ID="operator-sa")

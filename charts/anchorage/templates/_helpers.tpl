@@ -128,8 +128,9 @@ AgentCachePolicies (its finalizer, progress annotations, status) and posts Event
 operator reads, creates and patches the versioned ConfigMap (never update or delete: the
 garbage collector removes it with its owner), sets the ConfigMap's ownerReference with
 blockOwnerDeletion (clusters enforcing owner-reference permissions require `update` on the
-owner's `finalizers` subresource for that), and reads/patches the target's scale
-subresource. Peering rules are added where the peering object lives. The integration test
+owner's `finalizers` subresource for that), reads/patches the target's scale
+subresource, and reads the Services named in spec.tuning.accessLogs (it sends its
+access-log token only to node-agent Services of the target: operator/access_logs.py). Peering rules are added where the peering object lives. The integration test
 runs the operator under exactly these rules (tests/operator/test_operator_k8s.py). */}}
 {{- define "anchorage.operatorNamespacedRules" -}}
 - apiGroups: [anchorage.dev]
@@ -144,6 +145,9 @@ runs the operator under exactly these rules (tests/operator/test_operator_k8s.py
 - apiGroups: [""]
   resources: [configmaps]
   verbs: [get, create, patch]
+- apiGroups: [""]
+  resources: [services]
+  verbs: [get]
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
