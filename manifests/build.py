@@ -6,7 +6,8 @@ exactly what `helm install` creates (without Helm's bookkeeping labels).
 
 Outputs:
   base/anchorage.yaml      the operator (ServiceAccount, RBAC, Deployment, Service,
-                           NetworkPolicy, PodDisruptionBudget, ClusterKopfPeering) in
+                           NetworkPolicy, PodDisruptionBudget, ClusterKopfPeering, the
+                           users' AgentCachePolicy viewer/editor ClusterRoles) in
                            namespace anchorage-system
   examples/llm/stack.yaml  one vLLM model with the node-agent sidecar, its Service, PDB and
                            AgentCachePolicy, and the router, in namespace llm
@@ -40,14 +41,16 @@ LOCAL_REGISTRY = "ghcr.io/anchorage-dev"
 IMAGES = {"image": {"repository": f"{LOCAL_REGISTRY}/anchorage"},
           "router": {"image": {"repository": f"{LOCAL_REGISTRY}/anchorage-router"}},
           "modelDefaults": {"image": {"repository": f"{LOCAL_REGISTRY}/vllm-anchorage"}}}
+# No Helm, no hook: `kubectl apply -k manifests/` applies the CRDs itself.
+NO_HOOK = {"crds": {"upgradeJob": {"enabled": False}}}
 OPERATOR_VALUES = {
-    **IMAGES,
+    **IMAGES, **NO_HOOK,
     "fullnameOverride": "anchorage", "secrets": SECRETS,
     "models": [], "router": {"enabled": False, **IMAGES["router"]}, "dashboards": {"enabled": False},
     "monitoring": {"serviceMonitors": False, "prometheusRule": False},
 }
 STACK_VALUES = {
-    **IMAGES,
+    **IMAGES, **NO_HOOK, "rbac": {"aggregatedRoles": False},   # in base/ already
     "fullnameOverride": "anchorage", "secrets": SECRETS,
     "operator": {"enabled": False}, "dashboards": {"enabled": False},
     "monitoring": {"serviceMonitors": False, "prometheusRule": False},

@@ -76,7 +76,8 @@ def test_no_image_repository_is_refused_naming_the_values_and_the_build_script()
         return _render_error(values).split(" is set for ", 1)[1].split("\n", 1)[0]
 
     # only what the release's pods run: the router alone needs only its image
-    assert unset({"operator": {"enabled": False}, "models": []}) == \
+    assert unset({"operator": {"enabled": False}, "models": [],
+                  "crds": {"upgradeJob": {"enabled": False}}}) == \
         "router.image.repository (anchorage-router)."
     # a model's own image is enough for that model
     assert unset({"router": {"enabled": False}, "image": {"repository": "r/anchorage"},
@@ -84,7 +85,8 @@ def test_no_image_repository_is_refused_naming_the_values_and_the_build_script()
         "modelDefaults.image.repository or models[name=b].image.repository (vllm-anchorage)."
     # no pod, no image: the dashboards alone render
     assert {d["kind"] for d in objects(render(
-        {"operator": {"enabled": False}, "router": {"enabled": False}, "models": []},
+        {"operator": {"enabled": False}, "router": {"enabled": False}, "models": [],
+         "crds": {"upgradeJob": {"enabled": False}}, "rbac": {"aggregatedRoles": False}},
         images=False))} == {"ConfigMap"}
 
 
@@ -265,3 +267,89 @@ def test_a_chart_version_bump_leaves_every_pod_template_unchanged(tmp_path, rout
         if d["kind"] == "Deployment":
             sel = d["spec"]["selector"]["matchLabels"]
             assert sel.items() <= d["spec"]["template"]["metadata"]["labels"].items()
+
+
+# --- 6. users' roles, the peering object, the CRD upgrade step ---------------------------
+
+def test_users_roles_for_agentcachepolicies_aggregate_into_view_edit_admin():
+    docs = objects(render({}))
+    viewer = one(docs, "ClusterRole", "-agentcachepolicies-viewer")
+    editor = one(docs, "ClusterRole", "-agentcachepolicies-editor")
+    agg = "rbac.authorization.k8s.io/aggregate-to-"
+    assert {k[len(agg):] for k, v in viewer["metadata"]["labels"].items()
+            if k.startswith(agg) and v == "true"} == {"view", "edit", "admin"}
+    assert {k[len(agg):] for k, v in editor["metadata"]["labels"].items()
+            if k.startswith(agg) and v == "true"} == {"edit", "admin"}
+    verbs = {v for r in viewer["rules"] for v in r["verbs"]}
+    assert verbs == {"get", "list", "watch"}
+    assert {v for r in editor["rules"] for v in r["verbs"]} >= {"create", "update", "patch", "delete"}
+    for r in viewer["rules"] + editor["rules"]:        # policies only, never secrets or pods
+        assert r["apiGroups"] == ["anchorage.dev"]
+    assert not [d for d in objects(render({"rbac": {"aggregatedRoles": False}}))
+                if d["metadata"]["name"].endswith(("-agentcachepolicies-viewer",
+                                                   "-agentcachepolicies-editor"))]
+
+
+def test_two_releases_have_their_own_peering_object_and_cluster_objects():
+    """kopf's ClusterKopfPeering was named `anchorage` in every release: a second release
+    failed Helm's ownership check on it (cluster-scoped objects of two releases must not
+    share a name)."""
+    a = objects(render({}, release="team-a", namespace="a"))
+    b = objects(render({}, release="team-b", namespace="b"))
+    cluster_scoped = ("ClusterKopfPeering", "ClusterRole", "ClusterRoleBinding")
+    names_a = {(d["kind"], d["metadata"]["name"]) for d in a if d["kind"] in cluster_scoped}
+    names_b = {(d["kind"], d["metadata"]["name"]) for d in b if d["kind"] in cluster_scoped}
+    assert names_a and not names_a & names_b, names_a & names_b
+    peering = one(a, "ClusterKopfPeering")["metadata"]["name"]
+    op = one(a, "Deployment", "-operator")["spec"]["template"]["spec"]["containers"][0]
+    assert peering == "team-a-anchorage" and f"--peering={peering}" in op["args"]
+    # a name of one's own still wins (one peering object for operators of several releases)
+    own = objects(render({"operator": {"peering": {"name": "shared"}}}))
+    assert one(own, "ClusterKopfPeering")["metadata"]["name"] == "shared"
+
+
+def _hook(docs, kind):
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith("-crd-upgrade")]
+    assert len(found) == 1, (kind, [d["metadata"]["name"] for d in docs if d["kind"] == kind])
+    return found[0]
+
+
+def test_the_crd_upgrade_hook_runs_before_install_and_upgrade_with_least_privilege():
+    import yaml
+
+    docs = objects(render({}))
+    job = _hook(docs, "Job")
+    for kind in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "Job"):
+        ann = _hook(docs, kind)["metadata"]["annotations"]
+        assert ann["helm.sh/hook"] == "pre-install,pre-upgrade"
+        assert "hook-succeeded" in ann["helm.sh/hook-delete-policy"]
+    # RBAC and ConfigMap exist before the Job
+    assert int(_hook(docs, "ConfigMap")["metadata"]["annotations"]["helm.sh/hook-weight"]) < \
+        int(job["metadata"]["annotations"]["helm.sh/hook-weight"])
+    bundled = {}
+    for f in sorted((CHART / "crds").glob("*.yaml")):
+        for crd in yaml.safe_load_all(f.read_text()):
+            bundled[crd["metadata"]["name"]] = crd
+    (rule,) = _hook(docs, "ClusterRole")["rules"]
+    assert rule == {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
+                    "resourceNames": sorted(bundled), "verbs": ["get", "patch"]}
+    # the ConfigMap carries the chart's crds/ byte for byte; the Job applies them
+    cm = _hook(docs, "ConfigMap")
+    assert cm["data"] == {f.name: f.read_text() for f in sorted((CHART / "crds").glob("*.yaml"))}
+    pod = job["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert c["image"].startswith("registry.test/ml/anchorage:")
+    assert c["args"] == ["crds", "apply", "/etc/anchorage/crds", "--chart-version=0.1.0"]
+    assert pod["serviceAccountName"] == _hook(docs, "ServiceAccount")["metadata"]["name"]
+    assert c["securityContext"]["readOnlyRootFilesystem"] and pod["securityContext"]["runAsNonRoot"]
+    assert not [d for d in objects(render({"crds": {"upgradeJob": {"enabled": False}}}))
+                if d["metadata"]["name"].endswith("-crd-upgrade")]
+
+
+def test_crds_apply_never_downgrades():
+    from anchorage.commands.crds import decide
+
+    assert decide(None, "0.1.0") == "apply"
+    assert decide("0.1.0", "0.2.0") == "apply" and decide("0.2.0", "0.2.0") == "apply"
+    assert decide("0.3.0", "0.2.0") == "skip" and decide("0.2.0", "0.2.0-rc.1") == "skip"
+    assert decide("not-a-version", "0.2.0") == "apply"

@@ -46,7 +46,16 @@ def api(cluster):
 
 
 @pytest.fixture(scope="module")
-def release(cluster, api):
+def hooks(cluster, api, tmp_path_factory):
+    """Runs the chart's hook Jobs (the CRD upgrade) while Helm waits on them: no kubelet."""
+    from tests.support.hooks import HookKubelet
+
+    with HookKubelet(cluster, api, NAMESPACE, tmp_path_factory.mktemp("hooks")) as h:
+        yield h
+
+
+@pytest.fixture(scope="module")
+def release(cluster, api, hooks):
     from helm_python import Config
 
     helm = Config(kubeconfig_path=str(cluster.kubeconfig), namespace=NAMESPACE)
@@ -57,6 +66,8 @@ def release(cluster, api):
               "monitoring": {"prometheusURL": "http://127.0.0.1:9"}}
     rel = helm.install(str(CHART), RELEASE, with_images(values), namespace=NAMESPACE,
                        create_namespace=True, timeout=120)
+    # the pre-install hook applied the chart's CRDs under its own RBAC
+    assert [r["rc"] for r in hooks.runs] == [0], hooks.runs
     yield helm, rel
     helm.uninstall(RELEASE, ignore_not_found=True, timeout=120)
 
@@ -297,8 +308,9 @@ def test_upgrade_to_namespaced_operator(release, api):
     assert not _can(api, "patch", "deployments", group="apps", subresource="scale", namespace="other")
     assert not _can(api, "watch", "agentcachepolicies", group=GROUP, namespace="other")
     co = client.CustomObjectsApi(api)
-    peer = co.get_namespaced_custom_object("kopf.dev", "v1", NAMESPACE, "kopfpeerings", "anchorage")
-    assert peer["metadata"]["name"] == "anchorage"
+    peer = co.get_namespaced_custom_object("kopf.dev", "v1", NAMESPACE, "kopfpeerings",
+                                           f"{RELEASE}-anchorage")     # named per release
+    assert peer["metadata"]["name"] == f"{RELEASE}-anchorage"
     apps = client.AppsV1Api(api)
     args = apps.read_namespaced_deployment(f"{RELEASE}-anchorage-router", NAMESPACE) \
         .spec.template.spec.containers[0].args

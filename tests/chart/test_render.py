@@ -59,7 +59,7 @@ def test_all_on_values_lint_clean():
 def test_default_render_objects(default_objects):
     kinds = sorted({d["kind"] for d in default_objects})
     assert kinds == sorted(["AgentCachePolicy", "ClusterKopfPeering", "ClusterRole",
-                            "ClusterRoleBinding", "ConfigMap", "Deployment", "NetworkPolicy",
+                            "ClusterRoleBinding", "ConfigMap", "Deployment", "Job", "NetworkPolicy",
                             "PodDisruptionBudget", "Role", "RoleBinding", "Secret", "Service",
                             "ServiceAccount"])
     # Without the monitoring API, `auto` renders no monitors or rules.
@@ -222,7 +222,7 @@ def test_operator_rbac_cluster_wide(default_objects):
                                 "namespace": NAMESPACE}]
     dep = one(default_objects, "Deployment", "-operator")
     args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert args[0] == "operator" and "--peering=anchorage" in args
+    assert args[0] == "operator" and f"--peering={RELEASE}-anchorage" in args   # per release
     assert not [a for a in args if a.startswith("--namespace")]  # all namespaces
     assert "--metrics-port=8080" in args
 
@@ -240,7 +240,7 @@ def test_operator_rbac_namespaced(all_on_objects):
     # The arguments parse with the real `anchorage operator` command line.
     from anchorage.cli import build_parser
     parsed = build_parser().parse_args(args)
-    assert parsed.namespace == ["llm", "agents"] and parsed.peering == "anchorage"
+    assert parsed.namespace == ["llm", "agents"] and parsed.peering == f"{RELEASE}-anchorage"
     assert parsed.liveness == "http://0.0.0.0:8081/healthz" and not parsed.standalone
     assert parsed.metrics_port == 8080 and parsed.peering_lifetime_s == 60
     env = {e["name"]: e for e in one(all_on_objects, "Deployment", "-operator")

@@ -48,7 +48,9 @@ def chart_operator_objects(namespace: str, values: dict | None = None) -> list[d
     from tests.conftest import need_module
 
     need_module("helm_python", "helm-python-sdk (pip install helm-python-sdk)")
+    # (the CRD upgrade hook and the users' roles are not the operator's: left out)
     base = {"fullnameOverride": "anchorage", "models": [], "router": {"enabled": False},
+            "crds": {"upgradeJob": {"enabled": False}}, "rbac": {"aggregatedRoles": False},
             "dashboards": {"enabled": False}, "networkPolicy": {"enabled": False},
             "monitoring": {"serviceMonitors": False, "prometheusRule": False}}
     return objects(render({**base, **(values or {})}, namespace=namespace))

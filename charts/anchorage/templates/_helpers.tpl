@@ -115,6 +115,12 @@ policy/v1beta1
 {{- end -}}
 {{- end -}}
 
+{{/* The kopf peering object's name: operator.peering.name, else the release's fullname (a
+fixed name clashed between two releases: Helm's ownership check refused the second). */}}
+{{- define "anchorage.peeringName" -}}
+{{- .Values.operator.peering.name | default (include "anchorage.fullname" .) -}}
+{{- end -}}
+
 {{/* The operator watches all namespaces unless watchNamespaces lists some. */}}
 {{- define "anchorage.operatorClusterwide" -}}
 {{- if not .Values.operator.watchNamespaces -}}true{{- end -}}

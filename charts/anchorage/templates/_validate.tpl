@@ -4,7 +4,7 @@ this release runs are required (the router's with the router on, the Anchorage i
 the operator or a model's node-agent sidecar, each model's engine image). */}}
 {{- define "anchorage.validateImages" -}}
 {{- $missing := list -}}
-{{- if and (or .Values.operator.enabled .Values.models) (not .Values.image.repository) -}}
+{{- if and (or .Values.operator.enabled .Values.models .Values.crds.upgradeJob.enabled) (not .Values.image.repository) -}}
 {{- $missing = append $missing "image.repository (anchorage)" -}}
 {{- end -}}
 {{- if and .Values.router.enabled (not .Values.router.image.repository) -}}
