@@ -132,7 +132,16 @@ def run(args) -> int:
     crds = load_crds(d)
     if not crds:
         raise CLIError(f"{d}: no CustomResourceDefinition in its *.yaml files")
-    results = apply(crds, args.chart_version)
+    from kubernetes.config import ConfigException
+    from urllib3.exceptions import HTTPError
+
+    from anchorage.cli import CommandFailed
+    try:
+        results = apply(crds, args.chart_version)
+    except ConfigException as e:
+        raise CommandFailed(f"no Kubernetes configuration (in-cluster or KUBECONFIG): {e}") from None
+    except HTTPError as e:
+        raise CommandFailed(f"cannot reach the API server: {e}") from None
     for r in results:
         print(f"{r['name']}: {r['action']}" + (f" ({r['message']})" if r.get("message") else ""),
               file=sys.stderr)

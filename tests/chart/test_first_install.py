@@ -353,3 +353,22 @@ def test_crds_apply_never_downgrades():
     assert decide("0.1.0", "0.2.0") == "apply" and decide("0.2.0", "0.2.0") == "apply"
     assert decide("0.3.0", "0.2.0") == "skip" and decide("0.2.0", "0.2.0-rc.1") == "skip"
     assert decide("not-a-version", "0.2.0") == "apply"
+
+
+def test_crds_apply_fails_with_one_clear_line(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    def run(*argv, kubeconfig="/nonexistent"):
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")},
+               "KUBECONFIG": kubeconfig}
+        return subprocess.run([sys.executable, "-m", "anchorage", "crds", "apply", *argv],
+                              capture_output=True, text=True, env=env, timeout=120)
+    r = run(str(tmp_path / "missing"), "--chart-version", "0.1.0")
+    assert r.returncode == 2 and "not a directory" in r.stderr
+    r = run(str(CHART / "crds"), "--chart-version", "latest")
+    assert r.returncode == 2 and "not a semantic version" in r.stderr
+    r = run(str(CHART / "crds"), "--chart-version", "0.1.0")
+    assert r.returncode == 1 and "no Kubernetes configuration" in r.stderr
+    assert "Traceback" not in r.stderr
