@@ -372,3 +372,32 @@ def test_crds_apply_fails_with_one_clear_line(tmp_path):
     r = run(str(CHART / "crds"), "--chart-version", "0.1.0")
     assert r.returncode == 1 and "no Kubernetes configuration" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+# --- 5. the access logs the chart points tuning at pass the operator's rule ----------------
+
+def test_the_charts_own_access_log_source_passes_the_operators_rule():
+    """With tuning on, the chart fills in the model's own node-agent Service; the
+    operator's rule (operator/access_logs.py) accepts exactly that Service for that
+    policy's target, read from the rendered objects."""
+    from anchorage.operator.access_logs import parse_source, service_problems, source_problems
+
+    docs = objects(render({"models": [model("m", agentCachePolicy={"enabled": True, "spec": {
+        "tuning": {"enabled": True, "capacityBlocks": 100,
+                   "parameters": [{"name": "horizon", "min": 1, "max": 5}]}}})]}))
+    acp = one(docs, "AgentCachePolicy", "-m")
+    (src,) = acp["spec"]["tuning"]["accessLogs"]
+    assert src == f"http://{RELEASE}-anchorage-m.{NAMESPACE}.svc:9401/v1/access-log"
+    assert source_problems([src], NAMESPACE, None) == []
+    ref, _ = parse_source(src, NAMESPACE, None)
+    svc = one(docs, "Service", "-m")
+    dep = one(docs, "Deployment", acp["spec"]["targetRef"]["name"])
+    as_read = {"labels": svc["metadata"]["labels"], "type": svc["spec"].get("type"),
+               "clusterIP": "10.96.0.10", "selector": svc["spec"]["selector"],
+               "ports": [{"name": p["name"], "port": p["port"]} for p in svc["spec"]["ports"]]}
+    target = ",".join(f"{k}={v}" for k, v in dep["spec"]["selector"]["matchLabels"].items())
+    assert ref.service == svc["metadata"]["name"]
+    assert service_problems(ref, as_read, target) == []
+    # and not for another model's target
+    other = target.replace("anchorage.dev/model=m", "anchorage.dev/model=n")
+    assert service_problems(ref, as_read, other)
