@@ -25,7 +25,7 @@ import sys
 
 # Module names under anchorage.commands, in help order. A missing module is skipped so a
 # partial install (core only) still has a working CLI.
-COMMANDS = ["sim", "bench", "trace", "demo", "up", "drive", "node_agent", "router", "operator"]
+COMMANDS = ["sim", "bench", "trace", "demo", "up", "drive", "node_agent", "router", "operator", "crds"]
 
 
 class CLIError(Exception):

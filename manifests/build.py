@@ -6,7 +6,8 @@ exactly what `helm install` creates (without Helm's bookkeeping labels).
 
 Outputs:
   base/anchorage.yaml      the operator (ServiceAccount, RBAC, Deployment, Service,
-                           NetworkPolicy, PodDisruptionBudget, ClusterKopfPeering) in
+                           NetworkPolicy, PodDisruptionBudget, ClusterKopfPeering, the
+                           users' AgentCachePolicy viewer/editor ClusterRoles) in
                            namespace anchorage-system
   examples/llm/stack.yaml  one vLLM model with the node-agent sidecar, its Service, PDB and
                            AgentCachePolicy, and the router, in namespace llm
@@ -32,12 +33,24 @@ HELM_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by")
 #   kubectl -n llm create secret generic anchorage-tenant --from-literal=secret=$(openssl rand -hex 32)
 SECRETS = {"tenant": {"existingSecret": "anchorage-tenant"},
            "accessLog": {"existingSecret": "anchorage-access-log"}}
+# The images are not published and the chart has no default repository: the plain
+# manifests name them as scripts/images/build.py tags them locally; point them at your
+# registry with kustomize (`kustomize edit set image
+# ghcr.io/anchorage-dev/anchorage=$REGISTRY/anchorage`, docs/chart.md, "Plain manifests").
+LOCAL_REGISTRY = "ghcr.io/anchorage-dev"
+IMAGES = {"image": {"repository": f"{LOCAL_REGISTRY}/anchorage"},
+          "router": {"image": {"repository": f"{LOCAL_REGISTRY}/anchorage-router"}},
+          "modelDefaults": {"image": {"repository": f"{LOCAL_REGISTRY}/vllm-anchorage"}}}
+# No Helm, no hook: `kubectl apply -k manifests/` applies the CRDs itself.
+NO_HOOK = {"crds": {"upgradeJob": {"enabled": False}}}
 OPERATOR_VALUES = {
+    **IMAGES, **NO_HOOK,
     "fullnameOverride": "anchorage", "secrets": SECRETS,
-    "models": [], "router": {"enabled": False}, "dashboards": {"enabled": False},
+    "models": [], "router": {"enabled": False, **IMAGES["router"]}, "dashboards": {"enabled": False},
     "monitoring": {"serviceMonitors": False, "prometheusRule": False},
 }
 STACK_VALUES = {
+    **IMAGES, **NO_HOOK, "rbac": {"aggregatedRoles": False},   # in base/ already
     "fullnameOverride": "anchorage", "secrets": SECRETS,
     "operator": {"enabled": False}, "dashboards": {"enabled": False},
     "monitoring": {"serviceMonitors": False, "prometheusRule": False},

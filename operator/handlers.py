@@ -117,7 +117,9 @@ def _pass(body: Mapping[str, Any]) -> tuple[dict[str, Any], list]:
             res = reconcile(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"],
                             generation=meta.get("generation"), spec=spec,
                             status=dict(body.get("status") or {}), kube=_kube,
-                            metrics_for=_metrics_for, now_s=time.time())
+                            metrics_for=_metrics_for, now_s=time.time(),
+                            access_log_dir=os.environ.get("ANCHORAGE_OPERATOR_ACCESS_LOG_DIR")
+                            or None)
         except Exception:
             op_metrics.record_error(meta["namespace"], meta["name"])
             raise

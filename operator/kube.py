@@ -51,6 +51,19 @@ class KubeIO:
         _, patch = self._scale_fns(kind)
         patch(name, namespace, {"spec": {"replicas": int(replicas)}})
 
+    def get_service(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """What the access-log rule looks at (access_logs.service_problems), or None."""
+        try:
+            svc = self.core.read_namespaced_service(name, namespace)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        spec = svc.spec
+        return {"labels": dict(svc.metadata.labels or {}), "type": spec.type,
+                "clusterIP": spec.cluster_ip, "selector": dict(spec.selector or {}),
+                "ports": [{"name": p.name, "port": p.port} for p in spec.ports or []]}
+
     def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             cm = self.core.read_namespaced_config_map(name, namespace)

@@ -22,6 +22,7 @@ from anchorage.config import (DATA_KEY, GENERATION_ANNOTATION, TUNABLE, ConfigDo
                               ConfigError, PolicyParameters, Source, configmap_name, parse,
                               render)
 from anchorage.operator import config as cfgmap
+from anchorage.operator import access_logs
 from anchorage.operator.access_logs import AccessLogError, load_access_logs
 from anchorage.operator.kube import Scale
 from anchorage.sim.replay import make_contexts
@@ -30,6 +31,7 @@ from anchorage.sim.replay import make_contexts
 class Kube(Protocol):
     def get_scale(self, kind: str, namespace: str, name: str) -> Scale | None: ...
     def set_replicas(self, kind: str, namespace: str, name: str, replicas: int) -> None: ...
+    def get_service(self, namespace: str, name: str) -> dict[str, Any] | None: ...
     def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None: ...
     def put_configmap(self, namespace: str, body: dict[str, Any], resource_version: str | None) -> None: ...
 
@@ -113,6 +115,33 @@ def validate(spec: dict[str, Any]) -> list[str]:
     return problems
 
 
+def trusted_sources(kube: Kube, namespace: str, spec: dict[str, Any],
+                    access_log_dir: str | None) -> tuple[list[str], list[str]]:
+    """(what to fetch, why a source is refused) for ``spec.tuning.accessLogs``
+    (access_logs' rule): files as named, each Service URL as its checked ClusterIP."""
+    target = spec["targetRef"]
+    scale = None
+    fetch, refused = [], []
+    for i, src in enumerate((spec.get("tuning") or {}).get("accessLogs") or []):
+        ref, why = access_logs.parse_source(str(src), namespace, access_log_dir)
+        if why:
+            refused.append(f"tuning.accessLogs[{i}]: {why}")
+            continue
+        if ref is None:
+            fetch.append(str(src))
+            continue
+        if scale is None:
+            scale = kube.get_scale(target.get("kind", "Deployment"), namespace,
+                                   target["name"]) or False
+        svc = kube.get_service(namespace, ref.service)
+        why = access_logs.service_problems(ref, svc, scale.selector if scale else None)
+        if why:
+            refused += [f"tuning.accessLogs[{i}]: {w}" for w in why]
+        else:
+            fetch.append(ref.fetch_url(svc))
+    return fetch, refused
+
+
 def written_document(existing: dict[str, Any] | None) -> tuple[int, Any]:
     """(generation, content) of the ConfigMap's document; an unreadable one (edited by
     hand) gives its annotation's generation and no content, so it is rewritten."""
@@ -129,7 +158,10 @@ def written_document(existing: dict[str, Any] | None) -> tuple[int, Any]:
 def reconcile(*, name: str, namespace: str, uid: str, generation: int | None,
               spec: dict[str, Any], status: dict[str, Any], kube: Kube,
               metrics_for: Callable[[str], Metrics], now_s: float,
-              tuning_factory: Callable[..., Any] | None = None) -> Outcome:
+              tuning_factory: Callable[..., Any] | None = None,
+              access_log_dir: str | None = None) -> Outcome:
+    """``access_log_dir``: the directory whose files ``spec.tuning.accessLogs`` may name
+    (the operator's --access-log-dir; None: no file is read)."""
     status = dict(status or {})
     conds = list(status.get("conditions") or [])
     decision = dict(status.get("decision") or {})
@@ -137,6 +169,8 @@ def reconcile(*, name: str, namespace: str, uid: str, generation: int | None,
     events = out.events
 
     problems = validate(spec)
+    problems += access_logs.source_problems((spec.get("tuning") or {}).get("accessLogs") or [],
+                                            namespace, access_log_dir)
     if problems:
         msg = "; ".join(problems)
         if not any(c.get("type") == "Degraded" and c.get("status") == "True"
@@ -168,8 +202,18 @@ def reconcile(*, name: str, namespace: str, uid: str, generation: int | None,
         decision["lastTuning_s"] = now_s
         out.status["lastTuningTime"] = iso(now_s)
         try:
-            recs = load_access_logs(tuning["accessLogs"],
-                                    max_requests=int(tuning.get("maxRequests", 50000)))
+            sources, refused = trusted_sources(kube, namespace, spec, access_log_dir)
+            if refused:
+                msg = "; ".join(refused)
+                conds = set_condition(conds, "AccessLogsTrusted", "False", "UntrustedAccessLog",
+                                      msg, now_s, generation)
+                events.append(Event("Warning", "AccessLogRejected", msg))
+                raise AccessLogError(f"refused (the access-log token goes only to this "
+                                     f"policy's node agents): {msg}")
+            conds = set_condition(conds, "AccessLogsTrusted", "True", "NodeAgentServices",
+                                  "every access-log source is a node agent of the target",
+                                  now_s, generation)
+            recs = load_access_logs(sources, max_requests=int(tuning.get("maxRequests", 50000)))
             kw = {"factory": tuning_factory} if tuning_factory else {}
             res = tune(make_contexts(recs), capacity_blocks=int(tuning["capacityBlocks"]),
                        block_size=block_size,

@@ -35,6 +35,10 @@ def register(sub) -> None:
     p.add_argument("--metrics-host", default="127.0.0.1",
                    help="address /metrics binds (default 127.0.0.1; 0.0.0.0 in a pod so "
                         "Prometheus can scrape it)")
+    p.add_argument("--access-log-dir", default=None,
+                   help="a directory (a volume you mounted) whose anchorage-trace/v1 files "
+                        "spec.tuning.accessLogs may name; without it no file is read, only "
+                        "the target's node-agent Services are fetched")
     p.add_argument("--verbose", action="store_true")
     p.set_defaults(func=run)
 
@@ -57,6 +61,10 @@ def run(args) -> int:
         if args.interval_s <= 0:
             raise CLIError("--interval-s must be positive")
         os.environ["ANCHORAGE_OPERATOR_INTERVAL_S"] = str(args.interval_s)
+    if args.access_log_dir is not None:
+        if not os.path.isdir(args.access_log_dir):
+            raise CLIError(f"--access-log-dir {args.access_log_dir}: not a directory")
+        os.environ["ANCHORAGE_OPERATOR_ACCESS_LOG_DIR"] = os.path.realpath(args.access_log_dir)
     if args.peering_lifetime_s is not None:
         if args.peering_lifetime_s < 2:
             raise CLIError("--peering-lifetime-s must be at least 2 (seconds)")

@@ -3,7 +3,11 @@
 Clients send metadata to the router in any of three spellings; the router forwards one
 canonical form to vLLM, and the node agent reads it back from ``SamplingParams.extra_args``:
 
-- session: header ``x-session-id``, else body ``session_id`` (vLLM's own field, kept).
+- session: header ``x-session-id``, else body ``session_id`` (vLLM's own field, kept), else
+  what agent clients already send (``SESSION_SOURCES``, first found): OpenAI's body field
+  ``prompt_cache_key`` (the Responses and Chat Completions APIs' cache-routing key; Codex
+  sets it to its conversation id), then the agent CLIs' session headers. The router keys
+  every session by (tenant, session id), so two tenants with the same id never share one.
 - ``vllm_xargs`` values must be scalars or lists of scalars in vLLM 0.32 (a nested dict is
   a 400), so the canonical form is flat: ``vllm_xargs["anchorage.agent"]`` (str),
   ``["anchorage.tool_name"]`` (str), ``["anchorage.tool_args"]`` (str: JSON text),
@@ -24,6 +28,24 @@ from typing import Any, Mapping
 
 FIELDS = ("agent", "tool_name", "tool_args", "warmup", "tenant")
 PREFIX = "anchorage."
+
+# Where a session id comes from when the client sends none of Anchorage's own (x-session-id,
+# body session_id), in this order: (kind, name). What the peers read, as found:
+# - OpenAI's ``prompt_cache_key`` request field (Responses / Chat Completions): the key the
+#   client groups its cache-sharing requests by; Codex CLI sends its conversation id there.
+# - ``x-claude-code-session-id``: sent by Claude Code on every request (NVIDIA Dynamo's
+#   "Session IDs" guide, docs.nvidia.com/dynamo, reads it for root turns; llm-d's
+#   agent-identity plugin reads it too, per the ecosystem review of llm-d-router v0.9.0
+#   behind issue 41).
+# - ``session_id`` / ``session-id`` headers: Codex CLI's conversation id (proxies forward
+#   both spellings); llm-d's agent-identity plugin reads both (same review).
+# - ``x-session-affinity``: OpenCode and pi-ai send it with their session id next to
+#   x-session-id (llm-d's agent-identity plugin reads it, same review). llm-d-router's own
+#   session-id-producer defaults to ``x-session-id`` (pkg/epp/framework/plugins/
+#   requestcontrol/dataproducer/sessionid/README.md at a3b490f), which is Anchorage's.
+SESSION_SOURCES = (("body", "prompt_cache_key"), ("header", "x-claude-code-session-id"),
+                   ("header", "session_id"), ("header", "session-id"),
+                   ("header", "x-session-affinity"))
 
 
 class MetadataError(ValueError):
@@ -66,6 +88,8 @@ def parse_request(body: Mapping[str, Any], headers: Mapping[str, str]) -> Reques
         raise MetadataError(f"unknown anchorage metadata field(s): {', '.join(sorted(unknown))}; "
                             f"known: {', '.join(FIELDS)}")
     sid = headers.get("x-session-id") or body.get("session_id")
+    if sid is None or sid == "":
+        sid = agent_session(body, headers)
     for name in ("agent", "tool_name"):
         if raw.get(name) is not None and not isinstance(raw[name], str):
             raise MetadataError(f"anchorage.{name} must be a string")
@@ -86,6 +110,18 @@ def parse_request(body: Mapping[str, Any], headers: Mapping[str, str]) -> Reques
     return RequestMeta(session_id=None if sid is None else str(sid), agent=raw.get("agent"),
                        tool_name=raw.get("tool_name"), tool_args=args,
                        warmup=bool(warmup))
+
+
+def agent_session(body: Mapping[str, Any], headers: Mapping[str, str]) -> str | None:
+    """The session id an agent client sends its own way (``SESSION_SOURCES``), or None."""
+    for kind, name in SESSION_SOURCES:
+        v = body.get(name) if kind == "body" else headers.get(name)
+        if v is None or v == "":
+            continue
+        if not isinstance(v, str):
+            raise MetadataError(f"{name} must be a string")
+        return v
+    return None
 
 
 def to_vllm_body(body: dict[str, Any], meta: RequestMeta, cache_salt: str | None) -> dict[str, Any]:

@@ -64,6 +64,16 @@ def _build_py():
     return mod
 
 
+def chart_image_values() -> dict:
+    """The chart values that point at these images (the chart has no default repository:
+    the images are not published), with the tags as the chart's defaults give them."""
+    build = _build_py()
+    repo = {i.name: i.repository for i in build.images(build.versions())}
+    return {"image": {"repository": repo["anchorage"]},
+            "router": {"image": {"repository": repo["anchorage-router"]}},
+            "modelDefaults": {"image": {"repository": repo["vllm-anchorage"]}}}
+
+
 @dataclass(frozen=True)
 class Dockerfile:
     """What one of the project's Dockerfiles declares that an imported image must carry."""

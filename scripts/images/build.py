@@ -2,7 +2,6 @@
 """Build (and optionally push) Anchorage's two container images; check they match the chart.
 
     python scripts/images/build.py                 # wheel + both images, tagged locally
-    python scripts/images/build.py --push          # ... and push them
     python scripts/images/build.py --registry my.registry/team --push
     python scripts/images/build.py --print         # the image references, one per line
     python scripts/images/build.py --check         # lint the Dockerfiles, check chart/manifests
@@ -238,14 +237,19 @@ def check(repo: Path = REPO, use_hadolint: bool = True) -> list[str]:
                         f"!= pyproject.toml version {v.anchorage!r}")
     values = yaml.safe_load((chart / "values.yaml").read_text())
     a, m = values["image"], values["modelDefaults"]["image"]
+    # The images are not published: the chart sets no repository (it refuses to render until
+    # the user sets theirs), only the tags the build gives.
     for where, img, name in (("image", a, "anchorage"),
-                             ("router.image", values["router"]["image"], "anchorage-router")):
-        if img["repository"] != imgs[name].repository or (img.get("tag") or v.anchorage) != v.anchorage:
-            problems.append(f"charts/anchorage/values.yaml: {where} {img['repository']}:"
+                             ("router.image", values["router"]["image"], "anchorage-router"),
+                             ("modelDefaults.image", m, "vllm-anchorage")):
+        if img.get("repository"):
+            problems.append(f"charts/anchorage/values.yaml: {where}.repository is "
+                            f"{img['repository']!r}; the images are not published, so the "
+                            "chart's default must stay empty (the user sets theirs)")
+        tag = img.get("tag") or v.anchorage
+        if tag != imgs[name].tag:
+            problems.append(f"charts/anchorage/values.yaml: {where} tag "
                             f"{img.get('tag') or '<appVersion>'} != built {imgs[name].ref}")
-    if f"{m['repository']}:{m['tag']}" != imgs["vllm-anchorage"].ref:
-        problems.append(f"charts/anchorage/values.yaml: modelDefaults.image "
-                        f"{m['repository']}:{m['tag']} != built {imgs['vllm-anchorage'].ref}")
     known = {i.ref for i in imgs.values()}
     for f in sorted((repo / "manifests").rglob("*.yaml")):
         for ref in re.findall(rf"{re.escape(DEFAULT_REGISTRY)}/[a-z-]+:[\w.-]+", f.read_text()):
@@ -287,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--registry", default=DEFAULT_REGISTRY,
                     help=f"image registry and namespace (default {DEFAULT_REGISTRY})")
-    ap.add_argument("--push", action="store_true", help="push the images after building")
+    ap.add_argument("--push", action="store_true",
+                    help="push the images after building (needs --registry)")
     ap.add_argument("--builder", choices=["docker", "podman", "buildah"], default=None)
     ap.add_argument("--platform", default="linux/amd64")
     ap.add_argument("--only", choices=["anchorage", "anchorage-router", "vllm-anchorage"],
@@ -315,6 +320,10 @@ def main(argv: list[str] | None = None) -> int:
                       "chart and manifests match "
                       + ", ".join(i.ref for i in images(v)))
             return 1 if problems else 0
+        if args.push and args.registry.rstrip("/") == DEFAULT_REGISTRY:
+            # nobody can push there (the images are not published): a registry of your own
+            raise BuildError(f"--push needs --registry (your registry; {DEFAULT_REGISTRY} "
+                             "is only the local name of unpublished images)")
         builder = None if args.wheel_only else find_builder(args.builder)
         wheel = build_wheel(DIST)
         print(f"wheel: {wheel.relative_to(REPO)}")

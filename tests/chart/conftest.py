@@ -20,6 +20,27 @@ MONITORING_APIS = ["monitoring.coreos.com/v1", "monitoring.coreos.com/v1/Service
                    "monitoring.coreos.com/v1/PodMonitor", "monitoring.coreos.com/v1/PrometheusRule"]
 
 
+# The image repositories every render passes: the chart has none by default (the images are
+# not published; templates/_validate.tpl refuses to render without them).
+IMAGES = {"image": {"repository": "registry.test/ml/anchorage"},
+          "router": {"image": {"repository": "registry.test/ml/anchorage-router"}},
+          "modelDefaults": {"image": {"repository": "registry.test/ml/vllm-anchorage"}}}
+
+
+def overlay(base: dict, over: dict) -> dict:
+    """``over`` laid over ``base``: maps merged key by key, as Helm merges values files."""
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        out[k] = overlay(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) \
+            else copy.deepcopy(v)
+    return out
+
+
+def with_images(values: dict | None) -> dict:
+    """``values`` laid over IMAGES."""
+    return overlay(IMAGES, values or {})
+
+
 def model(name: str, **over) -> dict:
     m = {"name": name, "model": f"org/{name}", "image": {"repository": "vllm-anchorage", "tag": "0.32.0"}}
     m.update(over)
@@ -77,9 +98,10 @@ def deployment_router_values() -> dict:
 
 def render(values: dict | None = None, *, api_versions: list[str] | None = None,
            kube_version: str | None = None, namespace: str = NAMESPACE,
-           release: str = RELEASE) -> dict[str, str]:
+           release: str = RELEASE, images: bool = True) -> dict[str, str]:
     """Template path -> rendered text. ``api_versions`` are added to Helm's offline defaults
-    (the Python wrapper does not expose them, so the C ABI is called with its options)."""
+    (the Python wrapper does not expose them, so the C ABI is called with its options).
+    ``images``: lay ``values`` over IMAGES (False: exactly ``values``)."""
     need_module("helm_python", "helm-python-sdk (pip install helm-python-sdk)")
     from helm_python import Chart, _native
 
@@ -89,7 +111,8 @@ def render(values: dict | None = None, *, api_versions: list[str] | None = None,
         opts["api_versions"] = api_versions
     if kube_version:
         opts["kube_version"] = kube_version
-    out = _native.call_string("helm_render", chart._raw(), json.dumps(values or {}), json.dumps(opts))
+    vals = with_images(values) if images else (values or {})
+    out = _native.call_string("helm_render", chart._raw(), json.dumps(vals), json.dumps(opts))
     return json.loads(out)
 
 

@@ -45,7 +45,7 @@ def test_the_chart_passes_the_drain_timeout_to_vllm_and_a_longer_grace_period():
         parsed = make_arg_parser(FlexibleArgumentParser()).parse_args(args)
         assert AsyncEngineArgs.from_cli_args(parsed).shutdown_timeout == timeout_s
         assert grace == timeout_s + 15
-    default = one(objects(render({})), "Deployment", "-llama-8b")
+    default = one(objects(render({})), "Deployment", "-qwen-7b")
     assert default["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 45
 
 

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from anchorage.node_agent.offload.config import OffloadConfig, transfer_config
-from tests.chart.conftest import CHART, NAMESPACE, RELEASE, model, objects, one, render
+from tests.chart.conftest import CHART, NAMESPACE, RELEASE, model, objects, one, render, with_images
 
 GIB = 1 << 30
 
@@ -82,7 +82,7 @@ def test_bad_host_tier_values_name_the_field(tier, message):
 
     chart = Chart.load(str(CHART))
     with pytest.raises(HelmRenderError) as exc:
-        chart.render({"models": [model("a", hostTier=tier)]}, name=RELEASE,
+        chart.render(with_images({"models": [model("a", hostTier=tier)]}), name=RELEASE,
                      namespace=NAMESPACE)
     assert message in str(exc.value)
 
@@ -92,8 +92,8 @@ def test_the_schema_rejects_an_unknown_backend():
 
     chart = Chart.load(str(CHART))
     with pytest.raises(Exception) as exc:
-        chart.render({"models": [model("a", hostTier={"enabled": True, "memoryGiB": 8,
-                                                        "backend": "disk"})]},
+        chart.render(with_images({"models": [model("a", hostTier={"enabled": True, "memoryGiB": 8,
+                                                        "backend": "disk"})]}),
                      name=RELEASE, namespace=NAMESPACE)
     assert "backend" in str(exc.value)
 

@@ -15,7 +15,7 @@ import time
 import pytest
 import yaml
 
-from tests.chart.conftest import CHART, NAMESPACE, RELEASE, model
+from tests.chart.conftest import CHART, NAMESPACE, RELEASE, model, with_images
 from tests.conftest import REPO, need, need_module
 
 GROUP, VERSION, PLURAL = "anchorage.dev", "v1alpha1", "agentcachepolicies"
@@ -46,15 +46,28 @@ def api(cluster):
 
 
 @pytest.fixture(scope="module")
-def release(cluster, api):
+def hooks(cluster, api, tmp_path_factory):
+    """Runs the chart's hook Jobs (the CRD upgrade) while Helm waits on them: no kubelet."""
+    from tests.support.hooks import HookKubelet
+
+    with HookKubelet(cluster, api, NAMESPACE, tmp_path_factory.mktemp("hooks")) as h:
+        yield h
+
+
+@pytest.fixture(scope="module")
+def release(cluster, api, hooks):
     from helm_python import Config
 
     helm = Config(kubeconfig_path=str(cluster.kubeconfig), namespace=NAMESPACE)
     # nothing listens on port 9: the release's policies' metrics stay on loopback
+    # two router pods: the chart creates their internal token (kept across upgrades)
     values = {"models": [model("llama-8b"), model("qwen-7b", policy="cachewise")],
+              "router": {"replicaCount": 2},
               "monitoring": {"prometheusURL": "http://127.0.0.1:9"}}
-    rel = helm.install(str(CHART), RELEASE, values, namespace=NAMESPACE,
+    rel = helm.install(str(CHART), RELEASE, with_images(values), namespace=NAMESPACE,
                        create_namespace=True, timeout=120)
+    # the pre-install hook applied the chart's CRDs under its own RBAC
+    assert [r["rc"] for r in hooks.runs] == [0], hooks.runs
     yield helm, rel
     helm.uninstall(RELEASE, ignore_not_found=True, timeout=120)
 
@@ -279,15 +292,26 @@ def test_upgrade_to_namespaced_operator(release, api):
     from kubernetes import client
 
     helm, _ = release
+    core = client.CoreV1Api(api)
+
+    def secrets():
+        return {n: core.read_namespaced_secret(f"{RELEASE}-anchorage-{n}", NAMESPACE).data
+                for n in ("tenant", "internal", "access-log")}
+
+    before = secrets()
     values = {"models": [model("llama-8b"), model("qwen-7b", policy="cachewise")],
-              "operator": {"watchNamespaces": [NAMESPACE]}, "router": {"policy": "session"}}
-    helm.upgrade(str(CHART), RELEASE, values, namespace=NAMESPACE, timeout=120)
+              "operator": {"watchNamespaces": [NAMESPACE]},
+              "router": {"policy": "session", "replicaCount": 2}}
+    helm.upgrade(str(CHART), RELEASE, with_images(values), namespace=NAMESPACE, timeout=120)
+    # the random tokens the chart created survive the upgrade (lookup of the live Secret)
+    assert secrets() == before and len(before["internal"]["token"]) == 64
     assert _can(api, "patch", "deployments", group="apps", subresource="scale")
     assert not _can(api, "patch", "deployments", group="apps", subresource="scale", namespace="other")
     assert not _can(api, "watch", "agentcachepolicies", group=GROUP, namespace="other")
     co = client.CustomObjectsApi(api)
-    peer = co.get_namespaced_custom_object("kopf.dev", "v1", NAMESPACE, "kopfpeerings", "anchorage")
-    assert peer["metadata"]["name"] == "anchorage"
+    peer = co.get_namespaced_custom_object("kopf.dev", "v1", NAMESPACE, "kopfpeerings",
+                                           f"{RELEASE}-anchorage")     # named per release
+    assert peer["metadata"]["name"] == f"{RELEASE}-anchorage"
     apps = client.AppsV1Api(api)
     args = apps.read_namespaced_deployment(f"{RELEASE}-anchorage-router", NAMESPACE) \
         .spec.template.spec.containers[0].args

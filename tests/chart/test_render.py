@@ -20,6 +20,7 @@ from tests.chart.conftest import (
     NAMESPACE,
     RELEASE,
     all_on_values,
+    with_images,
     by_kind,
     crd_files,
     deep,
@@ -58,7 +59,7 @@ def test_all_on_values_lint_clean():
 def test_default_render_objects(default_objects):
     kinds = sorted({d["kind"] for d in default_objects})
     assert kinds == sorted(["AgentCachePolicy", "ClusterKopfPeering", "ClusterRole",
-                            "ClusterRoleBinding", "ConfigMap", "Deployment", "NetworkPolicy",
+                            "ClusterRoleBinding", "ConfigMap", "Deployment", "Job", "NetworkPolicy",
                             "PodDisruptionBudget", "Role", "RoleBinding", "Secret", "Service",
                             "ServiceAccount"])
     # Without the monitoring API, `auto` renders no monitors or rules.
@@ -66,20 +67,20 @@ def test_default_render_objects(default_objects):
     assert not by_kind(default_objects, "PrometheusRule")
     names = {d["metadata"]["name"] for d in by_kind(default_objects, "Deployment")}
     assert names == {f"{RELEASE}-anchorage-operator", f"{RELEASE}-anchorage-router",
-                     f"{RELEASE}-anchorage-llama-8b"}
+                     f"{RELEASE}-anchorage-qwen-7b"}
     for d in default_objects:
         if d["kind"] not in ("ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering"):
             assert d["metadata"]["namespace"] == NAMESPACE, d["metadata"]
     # the engines run what the headline benchmark's Anchorage runs: prefix-aware admission
-    dep = one(default_objects, "Deployment", "-anchorage-llama-8b")
+    dep = one(default_objects, "Deployment", "-anchorage-qwen-7b")
     assert _env(_containers(dep)["vllm"])["ANCHORAGE_SCHEDULER"] == "prefix-aware"
     fcfs = one(objects(render({"modelDefaults": {"scheduler": ""}})), "Deployment",
-               "-anchorage-llama-8b")
+               "-anchorage-qwen-7b")
     assert "ANCHORAGE_SCHEDULER" not in _env(_containers(fcfs)["vllm"])   # vLLM's FCFS
     # ... and vLLM's prefill chunk cap (longPrefillTokens; 0: none)
     assert "--long-prefill-token-threshold=2048" in _containers(dep)["vllm"]["args"]
     uncapped = one(objects(render({"modelDefaults": {"longPrefillTokens": 0}})), "Deployment",
-                   "-anchorage-llama-8b")
+                   "-anchorage-qwen-7b")
     assert not any(a.startswith("--long-prefill-token-threshold")
                    for a in _containers(uncapped)["vllm"]["args"])
 
@@ -206,6 +207,7 @@ OPERATOR_NAMESPACED = {
     ("anchorage.dev", "agentcachepolicies/finalizers", "update"),   # ownerRef blockOwnerDeletion
     *(("", "configmaps", v) for v in ("get", "create", "patch")),
     ("", "events", "create"),
+    ("", "services", "get"),      # the Services tuning.accessLogs names (the token's check)
     *(("apps", r, v) for r in ("deployments/scale", "statefulsets/scale") for v in ("get", "patch")),
 }
 CRD_READ = {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("get", "list", "watch")}
@@ -221,7 +223,7 @@ def test_operator_rbac_cluster_wide(default_objects):
                                 "namespace": NAMESPACE}]
     dep = one(default_objects, "Deployment", "-operator")
     args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert args[0] == "operator" and "--peering=anchorage" in args
+    assert args[0] == "operator" and f"--peering={RELEASE}-anchorage" in args   # per release
     assert not [a for a in args if a.startswith("--namespace")]  # all namespaces
     assert "--metrics-port=8080" in args
 
@@ -239,7 +241,7 @@ def test_operator_rbac_namespaced(all_on_objects):
     # The arguments parse with the real `anchorage operator` command line.
     from anchorage.cli import build_parser
     parsed = build_parser().parse_args(args)
-    assert parsed.namespace == ["llm", "agents"] and parsed.peering == "anchorage"
+    assert parsed.namespace == ["llm", "agents"] and parsed.peering == f"{RELEASE}-anchorage"
     assert parsed.liveness == "http://0.0.0.0:8081/healthz" and not parsed.standalone
     assert parsed.metrics_port == 8080 and parsed.peering_lifetime_s == 60
     env = {e["name"]: e for e in one(all_on_objects, "Deployment", "-operator")
@@ -317,7 +319,7 @@ def test_temporal_tiering_needs_host_memory():
 
     chart = Chart.load(str(CHART))
     with pytest.raises(HelmRenderError) as exc:
-        chart.render({"models": [model("a", tiering="temporal")]}, name=RELEASE,
+        chart.render(with_images({"models": [model("a", tiering="temporal")]}), name=RELEASE,
                      namespace=NAMESPACE)
     assert 'tiering "temporal": set hostOffload.memoryGiB' in str(exc.value)
 
@@ -435,12 +437,12 @@ def test_tenant_secret_and_access_log_token(default_objects):
     ref = {"secretKeyRef": {"name": f"{RELEASE}-anchorage-tenant", "key": "secret"}}
     assert _env(_container(default_objects, "-router", "router"))["ANCHORAGE_TENANT_SECRET"] == ref
     ref = {"secretKeyRef": {"name": f"{RELEASE}-anchorage-access-log", "key": "token"}}
-    agent = _container(default_objects, "-llama-8b", "node-agent")
+    agent = _container(default_objects, "-qwen-7b", "node-agent")
     for c in (agent, _container(default_objects, "-operator", "operator")):
         assert _env(c)["ANCHORAGE_ACCESS_LOG_TOKEN"] == ref
     assert "--access-log-port=9401" in agent["args"]
     assert {"name": "access-log", "containerPort": 9401, "protocol": "TCP"} in agent["ports"]
-    svc = one(default_objects, "Service", "-llama-8b")
+    svc = one(default_objects, "Service", "-qwen-7b")
     assert {"name": "access-log", "port": 9401, "targetPort": "access-log",
             "protocol": "TCP"} in svc["spec"]["ports"]
     ingress = one(default_objects, "NetworkPolicy", "-models")["spec"]["ingress"]
@@ -454,7 +456,7 @@ def test_tenant_secret_and_access_log_token(default_objects):
     assert not by_kind(docs, "Secret")
     assert _env(_container(docs, "-router", "router"))["ANCHORAGE_TENANT_SECRET"] == {
         "secretKeyRef": {"name": "mine", "key": "k"}}
-    assert _env(_container(docs, "-llama-8b", "node-agent"))["ANCHORAGE_ACCESS_LOG_TOKEN"] == {
+    assert _env(_container(docs, "-qwen-7b", "node-agent"))["ANCHORAGE_ACCESS_LOG_TOKEN"] == {
         "secretKeyRef": {"name": "ops", "key": "t"}}
 
 
@@ -483,7 +485,7 @@ def test_router_deployment(default_objects):
     svc = one(default_objects, "Service", "-router")
     assert svc["spec"]["ports"][0]["targetPort"] == "http"
     # The model Services carry the labels the router's discovery selects on.
-    msvc = one(default_objects, "Service", "-llama-8b")
+    msvc = one(default_objects, "Service", "-qwen-7b")
     assert msvc["metadata"]["labels"]["app.kubernetes.io/component"] == "model"
     assert msvc["metadata"]["labels"]["app.kubernetes.io/instance"] == RELEASE
 
@@ -529,7 +531,7 @@ def test_schema_rejects_invalid_values(values, where):
 
     chart = Chart.load(str(CHART))
     with pytest.raises(HelmValuesError) as exc:
-        chart.render(values, name=RELEASE, namespace=NAMESPACE)
+        chart.render(with_images(values), name=RELEASE, namespace=NAMESPACE)
     msg = str(exc.value)
     assert "schema" in msg and where in msg, msg
 
@@ -539,7 +541,7 @@ def test_duplicate_model_names_rejected():
 
     chart = Chart.load(str(CHART))
     with pytest.raises(HelmRenderError) as exc:
-        chart.render({"models": [model("a"), model("a")]}, name=RELEASE, namespace=NAMESPACE)
+        chart.render(with_images({"models": [model("a"), model("a")]}), name=RELEASE, namespace=NAMESPACE)
     assert 'the name "a" is used twice' in str(exc.value)
 
 
@@ -548,10 +550,10 @@ def test_a_prefill_cap_above_the_model_length_is_a_clear_error():
 
     chart = Chart.load(str(CHART))
     with pytest.raises(HelmRenderError) as exc:
-        chart.render({"models": [model("a", maxModelLen=1024)]}, name=RELEASE,
+        chart.render(with_images({"models": [model("a", maxModelLen=1024)]}), name=RELEASE,
                      namespace=NAMESPACE)                  # the default cap is 2048 tokens
     assert 'longPrefillTokens (2048) must not exceed maxModelLen (1024)' in str(exc.value)
-    ok = objects(chart.render({"models": [model("a", maxModelLen=1024, longPrefillTokens=512)]},
+    ok = objects(chart.render(with_images({"models": [model("a", maxModelLen=1024, longPrefillTokens=512)]}),
                               name=RELEASE, namespace=NAMESPACE))
     assert "--long-prefill-token-threshold=512" in _containers(
         one(ok, "Deployment", "-anchorage-a"))["vllm"]["args"]
@@ -665,7 +667,7 @@ def test_long_names_stay_valid():
     need_module("helm_python")
     from helm_python import Chart
 
-    out = Chart.load(str(CHART)).render({"models": [model(long_model)]}, name=release,
+    out = Chart.load(str(CHART)).render(with_images({"models": [model(long_model)]}), name=release,
                                          namespace=NAMESPACE)
     docs = objects(out)
     dns_label = _re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")

@@ -86,7 +86,7 @@ def _is_path_var(name: str) -> bool:
 
 
 def test_engine_runs_as_a_uid_without_passwd_on_a_read_only_root():
-    dep = one(objects(render({})), "Deployment", "-llama-8b")
+    dep = one(objects(render({})), "Deployment", "-qwen-7b")
     pod = dep["spec"]["template"]["spec"]
     engine = _container(dep, "vllm")
     assert pod["securityContext"]["runAsUser"] == 1000 and pod["securityContext"]["runAsNonRoot"]
@@ -114,7 +114,7 @@ def test_per_component_security_contexts_lay_over_the_global_ones():
                            "nodeAgent": {"securityContext": {"runAsUser": 3000}}}))
     op = one(docs, "Deployment", "-operator")["spec"]["template"]["spec"]
     assert op["securityContext"]["runAsUser"] == 2000 and op["securityContext"]["fsGroup"] == 1000
-    dep = one(docs, "Deployment", "-llama-8b")
+    dep = one(docs, "Deployment", "-qwen-7b")
     assert _container(dep, "vllm")["securityContext"]["readOnlyRootFilesystem"] is False
     agent = _container(dep, "node-agent")["securityContext"]
     assert agent["readOnlyRootFilesystem"] is True and agent["runAsUser"] == 3000
@@ -126,18 +126,18 @@ def test_model_cache_claim_new_or_existing():
     docs = objects(render({"modelDefaults": {"modelCache": {"persistentVolumeClaim": {
         "create": True, "size": "500Gi", "storageClassName": "fast",
         "accessModes": ["ReadWriteMany"]}}}}))
-    pvc = one(docs, "PersistentVolumeClaim", "-llama-8b-models")
+    pvc = one(docs, "PersistentVolumeClaim", "-qwen-7b-models")
     assert pvc["spec"] == {"accessModes": ["ReadWriteMany"], "storageClassName": "fast",
                            "resources": {"requests": {"storage": "500Gi"}}}
     assert pvc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
-    vols = {v["name"]: v for v in one(docs, "Deployment", "-llama-8b")["spec"]["template"]["spec"]["volumes"]}
+    vols = {v["name"]: v for v in one(docs, "Deployment", "-qwen-7b")["spec"]["template"]["spec"]["volumes"]}
     assert vols["model-cache"] == {"name": "model-cache", "persistentVolumeClaim": {
         "claimName": pvc["metadata"]["name"]}}
     existing = objects(render({"models": [model("a", modelCache={"existingClaim": "weights"})]}))
     assert not by_kind(existing, "PersistentVolumeClaim")
     vols = {v["name"]: v for v in one(existing, "Deployment", "-a")["spec"]["template"]["spec"]["volumes"]}
     assert vols["model-cache"]["persistentVolumeClaim"]["claimName"] == "weights"
-    assert "emptyDir" in {v["name"]: v for v in one(objects(render({})), "Deployment", "-llama-8b")
+    assert "emptyDir" in {v["name"]: v for v in one(objects(render({})), "Deployment", "-qwen-7b")
                           ["spec"]["template"]["spec"]["volumes"]}["model-cache"]
     with pytest.raises(Exception, match="choose one"):
         render({"models": [model("a", modelCache={"existingClaim": "w",
@@ -171,7 +171,7 @@ def test_token_context_length_and_escape_hatches():
     assert "--max-model-len=32768" in engine["args"]
     assert not [a for a in _container(one(docs, "Deployment", "-small"), "vllm")["args"]
                 if a.startswith("--max-model-len")]
-    default = _container(one(objects(render({})), "Deployment", "-llama-8b"), "vllm")
+    default = _container(one(objects(render({})), "Deployment", "-qwen-7b"), "vllm")
     assert "--max-model-len=8192" in default["args"]      # fits vLLM's KV check on 24 GB
     assert pod["runtimeClassName"] == "nvidia" and pod["priorityClassName"] == "llm-high"
     assert big["spec"]["strategy"] == {"type": "Recreate"}
@@ -185,7 +185,7 @@ def test_token_context_length_and_escape_hatches():
     assert sas[f"{RELEASE}-anchorage-model"] == {"iam.gke.io/gcp-service-account": "m@p"}
     assert sas[f"{RELEASE}-anchorage-operator"] == {"a": "op"}
     assert sas[f"{RELEASE}-anchorage-router"] == {"a": "router"}
-    assert one(objects(render({})), "Deployment", "-llama-8b")["spec"]["strategy"] == {
+    assert one(objects(render({})), "Deployment", "-qwen-7b")["spec"]["strategy"] == {
         "type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
     assert k8s_validate(docs) >= 8
 

@@ -49,7 +49,13 @@ class Timer:
 def base_values() -> dict:
     """cpu-values.yaml plus what this environment decides: where Prometheus is (the node,
     no cluster DNS), a short scrape interval, every session in the access logs."""
-    v = yaml.safe_load(CPU_VALUES.read_text())
+    import images as cluster_images
+
+    from tests.chart.conftest import overlay
+
+    # The chart has no default image repository (the images are not published): the ones
+    # scripts/cluster/images.py loads into the node's docker (pullPolicy Never there).
+    v = overlay(cluster_images.chart_image_values(), yaml.safe_load(CPU_VALUES.read_text()))
     v["monitoring"] = {"prometheusURL": f"http://{netns.NODE_IP}:{PROM_PORT}",
                        "scrapeInterval": "5s"}
     v.setdefault("nodeAgent", {})["accessLogSampleRate"] = 1.0

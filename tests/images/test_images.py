@@ -190,14 +190,16 @@ def test_chart_defaults_follow_the_build_and_drift_is_reported(dockerfile_parse,
 
     v = build.versions()
     refs = {i.name: i.ref for i in build.images(v)}
+    tags = {i.name: i.tag for i in build.images(v)}
     values = yaml.safe_load((REPO / "charts/anchorage/values.yaml").read_text())
     chart = yaml.safe_load((REPO / "charts/anchorage/Chart.yaml").read_text())
-    assert f"{values['image']['repository']}:{values['image']['tag'] or chart['appVersion']}" \
-        == refs["anchorage"]
-    mi = values["modelDefaults"]["image"]
-    assert f"{mi['repository']}:{mi['tag']}" == refs["vllm-anchorage"]
-    ri = values["router"]["image"]
-    assert f"{ri['repository']}:{ri['tag'] or chart['appVersion']}" == refs["anchorage-router"]
+    # no default repository (the images are not published: the chart refuses to render
+    # until the user sets theirs), the tags the build gives
+    mi, ri = values["modelDefaults"]["image"], values["router"]["image"]
+    assert values["image"]["repository"] == ri["repository"] == mi["repository"] == ""
+    assert (values["image"]["tag"] or chart["appVersion"]) == tags["anchorage"]
+    assert mi["tag"] == tags["vllm-anchorage"]
+    assert (ri["tag"] or chart["appVersion"]) == tags["anchorage-router"]
     # the vLLM version the image is built on is the one the engine patch supports
     from anchorage.node_agent.vllm_compat import SUPPORTED_PREFIX
 
@@ -213,6 +215,10 @@ def test_chart_defaults_follow_the_build_and_drift_is_reported(dockerfile_parse,
     assert f"appVersion '{v.anchorage}' != pyproject.toml version '9.9.9'" in problems
     assert "vllm-anchorage:9.9.9-vllm" in problems
     assert "ARG ANCHORAGE_VERSION defaults to" in problems
+    # a chart copy that defaults to a repository again (nobody can pull it)
+    vf = tmp_path / "charts/anchorage/values.yaml"
+    vf.write_text(vf.read_text().replace('repository: ""', "repository: ghcr.io/x/anchorage", 1))
+    assert "image.repository is 'ghcr.io/x/anchorage'" in "\n".join(build.check(tmp_path))
 
 
 def test_the_chart_runs_each_role_in_its_image():
@@ -220,7 +226,7 @@ def test_the_chart_runs_each_role_in_its_image():
     KubeRay) the router image, the engines the vLLM one."""
     from tests.chart.conftest import objects, one, render
 
-    refs = {i.name: i.ref for i in build.images(build.versions())}
+    refs = {i.name: i.ref for i in build.images(build.versions(), "registry.test/ml")}
 
     def images(d):
         spec = d["spec"]["template"]["spec"]
@@ -229,7 +235,7 @@ def test_the_chart_runs_each_role_in_its_image():
     docs = objects(render({}))
     assert images(one(docs, "Deployment", "-operator")) == {"operator": refs["anchorage"]}
     assert images(one(docs, "Deployment", "-router")) == {"router": refs["anchorage-router"]}
-    assert images(one(docs, "Deployment", "-llama-8b")) == {
+    assert images(one(docs, "Deployment", "-qwen-7b")) == {
         "vllm": refs["vllm-anchorage"], "node-agent": refs["anchorage"]}
     rs = one(objects(render({"router": {"kuberay": {"enabled": True, "workerGroups": [
         {"name": "w"}]}}})), "RayService")["spec"]["rayClusterConfig"]
@@ -247,3 +253,6 @@ def test_build_script_cli_without_a_container_engine(dockerfile_parse, tmp_path)
                          env={"PATH": str(tmp_path)})  # no builder on this PATH
     assert out.returncode == 2 and "no container builder found" in out.stderr
     assert "Traceback" not in out.stderr
+    # pushing needs a registry of one's own (the default names unpublished images)
+    out = subprocess.run(run + ["--push"], capture_output=True, text=True)
+    assert out.returncode == 2 and "--push needs --registry" in out.stderr, out.stderr

@@ -48,7 +48,9 @@ def chart_operator_objects(namespace: str, values: dict | None = None) -> list[d
     from tests.conftest import need_module
 
     need_module("helm_python", "helm-python-sdk (pip install helm-python-sdk)")
+    # (the CRD upgrade hook and the users' roles are not the operator's: left out)
     base = {"fullnameOverride": "anchorage", "models": [], "router": {"enabled": False},
+            "crds": {"upgradeJob": {"enabled": False}}, "rbac": {"aggregatedRoles": False},
             "dashboards": {"enabled": False}, "networkPolicy": {"enabled": False},
             "monitoring": {"serviceMonitors": False, "prometheusRule": False}}
     return objects(render({**base, **(values or {})}, namespace=namespace))
@@ -69,7 +71,8 @@ class OperatorProcess:
     authenticated by ``kubeconfig`` (the chart's ServiceAccount token)."""
 
     def __init__(self, deployment: dict, kubeconfig: Path, workdir: Path, *,
-                 interval_s: float = 1.0, priority: int = 1000):
+                 interval_s: float = 1.0, priority: int = 1000,
+                 access_log_dir: Path | None = None):
         import os
         import sys
 
@@ -89,6 +92,8 @@ class OperatorProcess:
                 a = "--peering-lifetime-s=5"
             args.append(a)
         self.args = args + ["--interval-s", str(interval_s), "--priority", str(priority)]
+        if access_log_dir is not None:    # the files a policy's tuning.accessLogs may name
+            self.args += ["--access-log-dir", str(access_log_dir)]
         self.log = workdir / "operator.log"
         env = dict(os.environ, KUBECONFIG=str(kubeconfig), PYTHONUNBUFFERED="1",
                    POD_ID="operator-sa")

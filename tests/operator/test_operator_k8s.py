@@ -110,7 +110,8 @@ def operator(kube, cluster, prometheus, tmp_path_factory):
     assert dep["spec"]["template"]["spec"]["serviceAccountName"] == sa
     work = tmp_path_factory.mktemp("operator")
     kubeconfig = cluster.service_account_kubeconfig(kube, OPERATOR_NS, sa, work / "kubeconfig")
-    op = OperatorProcess(dep, kubeconfig, work)
+    # the tests' recorded access logs are files under pytest's base temporary directory
+    op = OperatorProcess(dep, kubeconfig, work, access_log_dir=tmp_path_factory.getbasetemp())
     yield op
     alive = op.alive()
     op.stop()

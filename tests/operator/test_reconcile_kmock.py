@@ -68,14 +68,15 @@ def deployment(replicas: int):
             "spec": {"replicas": replicas}}
 
 
-async def run(km, sp, status, metrics, now_s=1000.0, generation=1):
+async def run(km, sp, status, metrics, now_s=1000.0, generation=1, access_log_dir=None):
     cfg = client.Configuration()
     cfg.host = str(km.url).rstrip("/")
     io = KubeIO(client.ApiClient(cfg))
     try:
         return await asyncio.to_thread(
             reconcile, name=NAME, namespace=NS, uid=UID, generation=generation, spec=sp,
-            status=status, kube=io, metrics_for=lambda url: metrics, now_s=now_s)
+            status=status, kube=io, metrics_for=lambda url: metrics, now_s=now_s,
+            access_log_dir=access_log_dir)
     finally:
         io.api.close()
 
@@ -182,7 +183,7 @@ async def test_tuning_adopts_better_parameters_and_writes_them(kmock, tmp_path):
                       "capacityBlocks": 180, "minImprovement": 0.01,
                       "parameters": [{"name": "survivalThreshold", "min": 0.05, "max": 0.8,
                                       "steps": 6}]})
-    out = await run(kmock, sp, {}, StubMetrics(CALM))
+    out = await run(kmock, sp, {}, StubMetrics(CALM), access_log_dir=tmp_path)
     assert out.status["parametersSource"] == "tuner", out.status.get("lastTuningReason")
     tuned = out.status["parameters"]
     assert tuned["survivalThreshold"] < 0.3 and tuned["horizon"] == 120
@@ -192,11 +193,13 @@ async def test_tuning_adopts_better_parameters_and_writes_them(kmock, tmp_path):
     assert doc["policy"]["parameters"] == tuned
     assert any(e.reason == "Tuned" for e in out.events)
     # within the interval: no new tuning run, tuned parameters stay in force
-    again = await run(kmock, sp, out.status, StubMetrics(CALM), now_s=1010.0)
+    again = await run(kmock, sp, out.status, StubMetrics(CALM), now_s=1010.0,
+                      access_log_dir=tmp_path)
     assert "lastTuningTime" not in again.status and again.status["parametersSource"] == "tuner"
     # a spec change (new generation) puts the spec's parameters back in force
     sp2 = {**sp, "tuning": {**sp["tuning"], "enabled": False}}
-    third = await run(kmock, sp2, again.status, StubMetrics(CALM), now_s=1020.0, generation=2)
+    third = await run(kmock, sp2, again.status, StubMetrics(CALM), now_s=1020.0, generation=2,
+                      access_log_dir=tmp_path)
     assert third.status["parametersSource"] == "spec" and third.status["parameters"] == in_spec
     assert third.status["decision"]["tuned"] is None
 
@@ -208,7 +211,7 @@ async def test_tuning_with_unreadable_log_reports_failure(kmock, tmp_path):
     sp = spec(tuning={"enabled": True, "accessLogs": [str(bad), str(tmp_path / "missing")],
                       "capacityBlocks": 96,
                       "parameters": [{"name": "horizon", "min": 1, "max": 5}]})
-    out = await run(kmock, sp, {}, StubMetrics(CALM))
+    out = await run(kmock, sp, {}, StubMetrics(CALM), access_log_dir=tmp_path)
     assert out.status["lastTuningReason"].startswith("tuning failed: ")
     assert "bad.jsonl:1" in out.status["lastTuningReason"]
     assert out.status["parametersSource"] == "spec" and out.facts["tuning"] == "error"

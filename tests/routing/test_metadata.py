@@ -52,3 +52,25 @@ def test_warmup_flags_in_both_forms():
     assert parse_request({"anchorage": {"warmup": True}}, {}).warmup is True
     assert parse_request({"vllm_xargs": {"anchorage.warmup": 1}}, {}).warmup is True
     assert parse_request({"anchorage": {"warmup": False}}, {}).warmup is False
+
+
+def test_agent_clients_session_ids_are_read_where_they_send_them():
+    """OpenAI's prompt_cache_key and the agent CLIs' session headers are session identity
+    when the client sends none of Anchorage's own (issue 41)."""
+    cases = [({"prompt_cache_key": "conv-1"}, {}, "conv-1"),                       # OpenAI / Codex
+             ({}, {"x-claude-code-session-id": "cc-2"}, "cc-2"),                    # Claude Code
+             ({}, {"session_id": "cx-3"}, "cx-3"), ({}, {"session-id": "cx-4"}, "cx-4"),  # Codex
+             ({}, {"x-session-affinity": "oc-5"}, "oc-5")]                          # OpenCode
+    for body, headers, want in cases:
+        meta = parse_request(body, headers)
+        assert meta.session_id == want, (body, headers)
+        assert to_vllm_body(body, meta, None)["session_id"] == want
+    # Anchorage's own spellings win, then prompt_cache_key, then the headers in order
+    both = {"x-claude-code-session-id": "cc", "x-session-affinity": "oc"}
+    assert parse_request({"prompt_cache_key": "pk"}, {"x-session-id": "mine", **both}).session_id == "mine"
+    assert parse_request({"session_id": "b", "prompt_cache_key": "pk"}, both).session_id == "b"
+    assert parse_request({"prompt_cache_key": "pk"}, both).session_id == "pk"
+    assert parse_request({"prompt_cache_key": ""}, both).session_id == "cc"
+    assert parse_request({}, {}).session_id is None
+    with pytest.raises(MetadataError, match="prompt_cache_key must be a string"):
+        parse_request({"prompt_cache_key": {"a": 1}}, {})

@@ -42,6 +42,9 @@ def missing() -> list[str]:
 class LocalCluster:
     workdir: Path
     controller_manager: bool = True
+    # kube-controller-manager --controllers (no job controller: tests play its part for
+    # Helm's hook Jobs, tests/support/hooks.py)
+    controllers: str = "garbagecollector,deployment,replicaset,statefulset"
     token: str = "anchorage-test-admin-token"
     server: str = ""
     kubeconfig: Path = field(init=False)
@@ -107,7 +110,7 @@ class LocalCluster:
             "current-context: test\n")
         if self.controller_manager:
             cm = spawn([bins["kube-controller-manager"], f"--kubeconfig={self.kubeconfig}",
-                        "--controllers=garbagecollector,deployment,replicaset,statefulset",
+                        f"--controllers={self.controllers}",
                         "--leader-elect=false", "--port=0", "--secure-port=0",
                         f"--service-account-private-key-file={w / 'sa.key'}"],
                        w / "kube-controller-manager.log")

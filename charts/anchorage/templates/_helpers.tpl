@@ -41,6 +41,24 @@ app.kubernetes.io/part-of: anchorage
 {{- end }}
 {{- end -}}
 
+{{/* Labels of a component's pod template: everything of anchorage.labels that stays the
+same across chart versions. helm.sh/chart and app.kubernetes.io/version change on every
+chart bump, and a changed pod template replaces every pod (every GPU engine reloads its
+weights): they stay on the objects' own metadata only. */}}
+{{- define "anchorage.podLabels" -}}
+{{ include "anchorage.selectorLabels" . }}
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+app.kubernetes.io/part-of: anchorage
+{{- with .ctx.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "anchorage.modelPodLabels" -}}
+{{ include "anchorage.podLabels" (dict "ctx" .ctx "component" "model") }}
+anchorage.dev/model: {{ .model.name }}
+{{- end -}}
+
 {{/* Selector labels of one model's pods: (dict "ctx" $ "model" $m). */}}
 {{- define "anchorage.modelSelectorLabels" -}}
 {{ include "anchorage.selectorLabels" (dict "ctx" .ctx "component" "model") }}
@@ -97,6 +115,12 @@ policy/v1beta1
 {{- end -}}
 {{- end -}}
 
+{{/* The kopf peering object's name: operator.peering.name, else the release's fullname (a
+fixed name clashed between two releases: Helm's ownership check refused the second). */}}
+{{- define "anchorage.peeringName" -}}
+{{- .Values.operator.peering.name | default (include "anchorage.fullname" .) -}}
+{{- end -}}
+
 {{/* The operator watches all namespaces unless watchNamespaces lists some. */}}
 {{- define "anchorage.operatorClusterwide" -}}
 {{- if not .Values.operator.watchNamespaces -}}true{{- end -}}
@@ -110,8 +134,9 @@ AgentCachePolicies (its finalizer, progress annotations, status) and posts Event
 operator reads, creates and patches the versioned ConfigMap (never update or delete: the
 garbage collector removes it with its owner), sets the ConfigMap's ownerReference with
 blockOwnerDeletion (clusters enforcing owner-reference permissions require `update` on the
-owner's `finalizers` subresource for that), and reads/patches the target's scale
-subresource. Peering rules are added where the peering object lives. The integration test
+owner's `finalizers` subresource for that), reads/patches the target's scale
+subresource, and reads the Services named in spec.tuning.accessLogs (it sends its
+access-log token only to node-agent Services of the target: operator/access_logs.py). Peering rules are added where the peering object lives. The integration test
 runs the operator under exactly these rules (tests/operator/test_operator_k8s.py). */}}
 {{- define "anchorage.operatorNamespacedRules" -}}
 - apiGroups: [anchorage.dev]
@@ -126,6 +151,9 @@ runs the operator under exactly these rules (tests/operator/test_operator_k8s.py
 - apiGroups: [""]
   resources: [configmaps]
   verbs: [get, create, patch]
+- apiGroups: [""]
+  resources: [services]
+  verbs: [get]
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
@@ -236,6 +264,29 @@ torch, Triton, numba, outlines or Hugging Face writes lives under HOME, an empty
 {{- end -}}
 {{- define "anchorage.accessLogSecretName" -}}
 {{- .Values.secrets.accessLog.existingSecret | default (printf "%s-access-log" (include "anchorage.fullname" .)) -}}
+{{- end -}}
+
+{{/* "true" when the router pods share routing decisions (Deployment mode, more than one pod):
+they then need ANCHORAGE_INTERNAL_TOKEN (router/config.py validate()). */}}
+{{- define "anchorage.routerPeers" -}}
+{{- if and .Values.router.enabled (not .Values.router.kuberay.enabled) (gt (int .Values.router.replicaCount) 1) -}}true{{- end -}}
+{{- end -}}
+
+{{/* "true" when the chart supplies ANCHORAGE_INTERNAL_TOKEN: router peers on, and
+router.extraEnv does not set it already (the way this was documented before; two entries of
+one name would fail server-side apply). */}}
+{{- define "anchorage.internalTokenFromChart" -}}
+{{- if include "anchorage.routerPeers" . -}}
+{{- $own := false -}}
+{{- range .Values.router.extraEnv -}}
+{{- if eq .name "ANCHORAGE_INTERNAL_TOKEN" -}}{{- $own = true -}}{{- end -}}
+{{- end -}}
+{{- if not $own -}}true{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "anchorage.internalSecretName" -}}
+{{- .Values.secrets.internal.existingSecret | default (printf "%s-internal" (include "anchorage.fullname" .)) -}}
 {{- end -}}
 
 {{/* ANCHORAGE_ACCESS_LOG_TOKEN from its Secret (the node agents and the operator). */}}

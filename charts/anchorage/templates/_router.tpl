@@ -53,6 +53,14 @@ app.kubernetes.io/instance={{ .Release.Name }},app.kubernetes.io/component=model
     secretKeyRef:
       name: {{ include "anchorage.tenantSecretName" . }}
       key: {{ .Values.secrets.tenant.key }}
+{{- if include "anchorage.internalTokenFromChart" . }}
+# the router pods share decisions only with holders of this token (secrets.internal)
+- name: ANCHORAGE_INTERNAL_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "anchorage.internalSecretName" . }}
+      key: {{ .Values.secrets.internal.key }}
+{{- end }}
 - name: POD_NAME
   valueFrom: {fieldRef: {fieldPath: metadata.name}}
 - name: POD_IP
