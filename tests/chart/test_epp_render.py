@@ -109,15 +109,15 @@ def test_every_epp_value_reaches_the_picker_through_the_cli():
               "router": {"policy": "prefix", "policyParams": {"balance_abs_threshold": 8},
                          "blockSize": 32, "maxBodyBytes": 2_000_000, "maxInflightPerReplica": 7}}
     docs = objects(render(values))
-    dep = one(docs, "Deployment", "-llama-8b-epp")
+    dep = one(docs, "Deployment", "-qwen-7b-epp")
     assert dep["spec"]["replicas"] == 2
     c = _container(dep)
     args = build_parser().parse_args(c["args"])
     e, r = make_epp_config(args), make_config(args)
     assert (e.port, e.health_port, e.metrics_port, e.fallbacks) == (9102, 9103, 9190, 3)
     assert e.tls and not e.tls_cert_file                  # epp.tls (default): self-signed
-    assert e.pool_name == "anc-anchorage-llama-8b" and e.pool_namespace == "llm"
-    assert e.leader_election and e.lease_name == "anc-anchorage-llama-8b-epp"
+    assert e.pool_name == "anc-anchorage-qwen-7b" and e.pool_namespace == "llm"
+    assert e.leader_election and e.lease_name == "anc-anchorage-qwen-7b-epp"
     assert r.discovery == "inferencepool" and r.config_dir == "/etc/anchorage/models"
     assert (r.policy, r.policy_params, r.block_size, r.max_body_bytes,
             r.max_inflight_per_replica, r.vocab_size) == ("prefix", {"balance_abs_threshold": 8},
@@ -248,7 +248,7 @@ def test_decision_sharing_reaches_the_picker_and_needs_the_token():
     e = make_epp_config(build_parser().parse_args(c["args"]))
     assert e.leader_election and e.peer_selector == (
         "app.kubernetes.io/instance=anc,app.kubernetes.io/component=epp,"
-        "anchorage.dev/model=llama-8b")
+        "anchorage.dev/model=qwen-7b")
     dep = one(docs, "Deployment", "-epp")
     labels = dep["spec"]["template"]["metadata"]["labels"]
     assert all(labels[k] == v for k, v in (x.split("=") for x in e.peer_selector.split(",")))

@@ -79,6 +79,11 @@ def test_no_image_repository_is_refused_naming_the_values_and_the_build_script()
     assert unset({"operator": {"enabled": False}, "models": [],
                   "crds": {"upgradeJob": {"enabled": False}}}) == \
         "router.image.repository (anchorage-router)."
+    # the endpoint picker runs the router's image
+    assert unset({"router": {"enabled": False}, "image": {"repository": "r/anchorage"},
+                  "models": [model("a")],
+                  "epp": {"enabled": True, "route": {"parentRefs": [{"name": "gw"}]}}}) == \
+        "router.image.repository (anchorage-router)."
     # a model's own image is enough for that model
     assert unset({"router": {"enabled": False}, "image": {"repository": "r/anchorage"},
                   "models": [model("a"), {"name": "b", "model": "org/b"}]}) == \
@@ -243,7 +248,7 @@ def _pod_templates(docs: list[dict]) -> dict[str, dict]:
     return out
 
 
-@pytest.mark.parametrize("router", ["deployment", "kuberay"])
+@pytest.mark.parametrize("router", ["deployment", "kuberay", "epp"])
 def test_a_chart_version_bump_leaves_every_pod_template_unchanged(tmp_path, router):
     """A pod template that changes replaces its pods (a GPU engine reloads its weights):
     a new chart version with the same images changes no pod template; the objects' own
@@ -252,10 +257,13 @@ def test_a_chart_version_bump_leaves_every_pod_template_unchanged(tmp_path, rout
     values = {"commonLabels": {"team": "llm"}}
     if router == "kuberay":
         values["router"] = {"kuberay": {"enabled": True, "workerGroups": [{"name": "w"}]}}
+    if router == "epp":                 # the endpoint picker's pods too
+        values["epp"] = {"enabled": True, "route": {"parentRefs": [{"name": "gw"}]}}
     old = _render_chart(CHART, values)
     new = _render_chart(_bumped_chart(tmp_path), values)
     before, after = _pod_templates(old), _pod_templates(new)
     assert len(before) >= 3 and before == after
+    assert router != "epp" or any(n.endswith("-epp") for n in after)
     for t in after.values():
         assert "helm.sh/chart" not in t["metadata"]["labels"]
         assert "app.kubernetes.io/version" not in t["metadata"]["labels"]

@@ -321,7 +321,7 @@ def test_the_charts_picker_rbac_is_enough_and_no_more_on_the_api_server(kube, tm
     core.create_namespaced_service_account("llm", sa)
     rbac.create_namespaced_role("llm", mine[("Role", "anc-anchorage-epp")])
     rbac.create_namespaced_role_binding("llm", mine[("RoleBinding", "anc-anchorage-epp")])
-    pool = mine[("InferencePool", "anc-anchorage-llama-8b")]
+    pool = mine[("InferencePool", "anc-anchorage-qwen-7b")]
     for _ in range(100):
         try:
             custom.create_namespaced_custom_object("inference.networking.k8s.io", "v1", "llm",
@@ -332,7 +332,7 @@ def test_the_charts_picker_rbac_is_enough_and_no_more_on_the_api_server(kube, tm
                 raise
             time.sleep(0.1)
     # a model pod as the chart labels it, Ready
-    dep = mine[("Deployment", "anc-anchorage-llama-8b")]
+    dep = mine[("Deployment", "anc-anchorage-qwen-7b")]
     p = {"apiVersion": "v1", "kind": "Pod",
          "metadata": {"name": "llama-0", "labels": dep["spec"]["template"]["metadata"]["labels"]},
          "spec": {"containers": [{"name": "vllm", "image": "vllm"}]}}
@@ -343,14 +343,14 @@ def test_the_charts_picker_rbac_is_enough_and_no_more_on_the_api_server(kube, tm
 
     kc = kube.service_account_kubeconfig(admin, "llm", "anc-anchorage-epp", tmp_path / "sa.kubeconfig")
     as_epp = config.new_client_from_config(str(kc))
-    src = PoolSource(KubePoolAPI(as_epp), "llm", "anc-anchorage-llama-8b", pool_every_s=2)
+    src = PoolSource(KubePoolAPI(as_epp), "llm", "anc-anchorage-qwen-7b", pool_every_s=2)
     seen: queue.Queue = queue.Queue()
     threading.Thread(target=src.watch, args=(lambda u, n: seen.put(u),), daemon=True).start()
     try:
         assert seen.get(timeout=20) == ["http://10.2.0.7:8000"]
     finally:
         src.stop()
-    el = LeaseElector(KubeLeaseAPI(as_epp), "llm", "anc-anchorage-llama-8b-epp", "epp-0",
+    el = LeaseElector(KubeLeaseAPI(as_epp), "llm", "anc-anchorage-qwen-7b-epp", "epp-0",
                       duration_s=4, renew_s=1)
     assert el.step() is True and el.step() is True          # create, then update
     # and no more: another pool, another Lease, Secrets are refused

@@ -7,7 +7,7 @@ the operator or a model's node-agent sidecar, each model's engine image). */}}
 {{- if and (or .Values.operator.enabled .Values.models .Values.crds.upgradeJob.enabled) (not .Values.image.repository) -}}
 {{- $missing = append $missing "image.repository (anchorage)" -}}
 {{- end -}}
-{{- if and .Values.router.enabled (not .Values.router.image.repository) -}}
+{{- if and (or .Values.router.enabled .Values.epp.enabled) (not .Values.router.image.repository) -}}
 {{- $missing = append $missing "router.image.repository (anchorage-router)" -}}
 {{- end -}}
 {{- range $m := include "anchorage.models" . | fromJsonArray -}}
