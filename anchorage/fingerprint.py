@@ -26,7 +26,8 @@ just seen again as new).
   a new session). Sharing a common system prompt does not link two requests; continuing
   a conversation does. A request that continues nothing starts a new
   session (the caller names it). Tails are LRU-capped at ``max_keys`` too.
-- ``anchor_length(keys)`` = ``n`` above (how many leading blocks are shared).
+- ``anchor_length(keys)`` = ``n`` above (how many leading blocks are shared);
+  ``shared_prefix_len(keys)`` the same by binary search (the router's per-request use).
 
 Costs: O(1) per key; ``state_size_bytes`` counts nothing here (the table is a per-key side
 table, like the pool's own hash table).
@@ -76,6 +77,23 @@ class PrefixOwnership:
                 break
             n += 1
         return n
+
+    def shared_prefix_len(self, keys: Sequence[Hashable]) -> int:
+        """``anchor_length`` by binary search (O(log n) lookups): the shared keys of a
+        prompt are prefix-closed (a key stands for its whole prefix, so two sessions that
+        used a key used its prefix too), up to the table's LRU forgetting a prefix key
+        before its descendant, where the two may differ by the forgotten part."""
+        own = self._owner
+        if not keys or own.get(keys[0]) is not SHARED:
+            return 0
+        lo, hi = 1, len(keys)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if own.get(keys[mid - 1]) is SHARED:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
     def fingerprint(self, keys: Sequence[Hashable]) -> Hashable | None:
         if not keys:

@@ -82,7 +82,7 @@ from operator import attrgetter
 from statistics import median
 from typing import Hashable, Sequence
 
-from anchorage.fingerprint import SHARED, PrefixOwnership
+from anchorage.fingerprint import PrefixOwnership
 from anchorage.policies.base import RequestContext
 from anchorage.routing.base import ReplicaView, Router, healthy_positions
 from anchorage.routing.bounded import BoundedLRU
@@ -151,18 +151,8 @@ class AgentRouter(Router):
 
     # -- identity ------------------------------------------------------------------------
     def anchor_length(self, keys: Sequence[Hashable]) -> int:
-        """The leading keys two sessions have used (prefix-closed: a binary search)."""
-        own = self.owners._owner
-        if not keys or own.get(keys[0]) is not SHARED:
-            return 0
-        lo, hi = 1, len(keys)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if own.get(keys[mid - 1]) is SHARED:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+        """The leading keys two sessions have used."""
+        return self.owners.shared_prefix_len(keys)
 
     def agent_of(self, ctx: RequestContext) -> Hashable:
         if ctx.agent_hint:

@@ -96,6 +96,9 @@ def test_fingerprint_is_the_shared_prefix_and_ignores_what_follows():
     assert po.fingerprint(anchor + [10, 11]) == 1  # one session so far: first block
     po.observe(anchor + [20], "s2")
     assert po.anchor_length(anchor + [30, 31, 32]) == 3
+    for n in range(6):                      # the binary search agrees with the scan
+        keys = (anchor + [20, 30, 31])[:n]
+        assert po.shared_prefix_len(keys) == po.anchor_length(keys)
     assert po.fingerprint(anchor + [30, 31, 32]) == 3
     assert po.fingerprint(anchor + [99]) == 3
     po.observe([1, 7, 8], "s3")  # another agent sharing only the first block
