@@ -123,18 +123,27 @@ class KubernetesSource:
         self._stop.set()
 
 
+def kube_api_client(api_client: Any = None) -> Any:
+    """``api_client``, else the official client's: in-cluster configuration, else the
+    kubeconfig (one home for the router's, the picker's pool and the Lease adapters)."""
+    if api_client is not None:
+        return api_client
+    from kubernetes import client, config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.ApiClient()
+
+
 class KubeClientAPI:
     """``EndpointsAPI`` over the official ``kubernetes`` client (in-cluster or kubeconfig)."""
 
     def __init__(self, kind: str = "Endpoints", api_client: Any = None) -> None:
-        from kubernetes import client, config
+        from kubernetes import client
 
-        if api_client is None:
-            try:
-                config.load_incluster_config()
-            except config.ConfigException:
-                config.load_kube_config()
-            api_client = client.ApiClient()
+        api_client = kube_api_client(api_client)
         self.kind = kind
         self._client = api_client
         if kind == "Endpoints":

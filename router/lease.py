@@ -142,14 +142,11 @@ class KubeLeaseAPI:
     """``LeaseAPI`` over the official ``kubernetes`` client."""
 
     def __init__(self, api_client: Any = None) -> None:
-        from kubernetes import client, config
+        from kubernetes import client
 
-        if api_client is None:
-            try:
-                config.load_incluster_config()
-            except config.ConfigException:
-                config.load_kube_config()
-            api_client = client.ApiClient()
+        from anchorage.router.discovery import kube_api_client
+
+        api_client = kube_api_client(api_client)
         self._api = client.CoordinationV1Api(api_client)
         self._exc = client.exceptions.ApiException
 

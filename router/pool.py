@@ -132,14 +132,11 @@ class KubePoolAPI:
     """``PoolAPI`` over the official ``kubernetes`` client (in-cluster or kubeconfig)."""
 
     def __init__(self, api_client: Any = None) -> None:
-        from kubernetes import client, config
+        from kubernetes import client
 
-        if api_client is None:
-            try:
-                config.load_incluster_config()
-            except config.ConfigException:
-                config.load_kube_config()
-            api_client = client.ApiClient()
+        from anchorage.router.discovery import kube_api_client
+
+        api_client = kube_api_client(api_client)
         self._custom = client.CustomObjectsApi(api_client)
         self._core = client.CoreV1Api(api_client)
 
