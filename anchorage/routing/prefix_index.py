@@ -47,6 +47,14 @@ def held_prefix_len(keys: Sequence[Hashable], held) -> int:
     return lo
 
 
+def replicas_in(mask: int):
+    """The replica indexes whose bits are set in a holders mask, lowest first."""
+    while mask:
+        low = mask & -mask
+        yield low.bit_length() - 1
+        mask ^= low
+
+
 class PrefixIndex:
     def __init__(self, default_capacity_blocks: int | None = None) -> None:
         self.default_capacity = default_capacity_blocks
@@ -132,13 +140,9 @@ class PrefixIndex:
     def match(self, keys: Sequence[Hashable]) -> dict[int, int]:
         if not keys:
             return {}
-        h = self._holders.get(keys[0], 0)
         out = {}
-        while h:
-            low = h & -h
-            r = low.bit_length() - 1
+        for r in replicas_in(self._holders.get(keys[0], 0)):
             out[r] = self.match_len(r, keys)
-            h ^= low
         return out
 
     def size(self, replica: int) -> int:
@@ -199,13 +203,7 @@ class TieredPrefixIndex:
         h = self.device._holders.get(keys[0], 0)
         for idx in self.lower.values():
             h |= idx._holders.get(keys[0], 0)
-        out = {}
-        while h:
-            low = h & -h
-            r = low.bit_length() - 1
-            out[r] = self.tier_runs(r, keys)
-            h ^= low
-        return out
+        return {r: self.tier_runs(r, keys) for r in replicas_in(h)}
 
     def match_len(self, replica: int, keys: Sequence[Hashable]) -> int:
         """Leading keys held in some tier (the prefix the engine need not recompute)."""
